@@ -1,0 +1,122 @@
+"""The token-mask protocol between an RL LightningModule and mask-providing callbacks.
+
+A Lightning callback cannot change a loss, so the module *asks* its callbacks for masks. The
+contract, in the order a training step runs:
+
+1. The module samples a rollout batch and runs its no-grad pass (old log-probs, entropy, the
+   entropy discriminator ``S`` and, when a provider needs it, the policy average ``E_p[S]``).
+2. It builds one :class:`TokenMaskContext` for its local share of the batch and calls
+   :func:`collect_keep_mask` **on every rank** (providers may all-reduce global statistics).
+3. It multiplies its loss mask by the returned keep mask for all update epochs of that batch: a
+   masked token leaves the policy loss *and* the token-count denominator.
+
+The module declares what it can fill in with ``token_mask_fields()`` (see
+:class:`TokenMaskingModule`); providers declare what they need in ``required_fields`` and check
+it at ``setup``. This module imports only torch, so a user's own LightningModule can implement
+the protocol without pulling in transformers or vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TokenMaskContext",
+    "TokenMaskProvider",
+    "TokenMaskingModule",
+    "collect_keep_mask",
+    "required_token_mask_fields",
+    "token_mask_providers",
+]
+
+
+@dataclass(frozen=True)
+class TokenMaskContext:
+    """Per-token statistics of one rollout batch (this rank's share), all shaped ``[B, T]``.
+
+    Attributes:
+        mask: bool, True on real response tokens.
+        advantages: float, the advantage of each token (per-sequence advantages broadcast over T).
+        discriminator: float, ``S = p (H + log p)`` of the sampled token under the rollout policy.
+        policy_average: float, ``E_p[S] = H sum p^2 + sum p^2 log p``; None unless requested.
+        entropy: float, entropy in nats of the rollout policy at each position.
+        old_logprobs: float, log-probability of the sampled token under the rollout policy.
+    """
+
+    mask: Tensor
+    advantages: Tensor
+    discriminator: Tensor | None = None
+    policy_average: Tensor | None = None
+    entropy: Tensor | None = None
+    old_logprobs: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value.shape != self.mask.shape:
+                raise ValueError(
+                    f"TokenMaskContext.{f.name} has shape {tuple(value.shape)}, "
+                    f"expected the mask shape {tuple(self.mask.shape)}"
+                )
+        if self.mask.dtype != torch.bool:
+            raise ValueError(f"TokenMaskContext.mask must be a bool tensor, got {self.mask.dtype}")
+
+    def present_fields(self) -> frozenset[str]:
+        """Names of the fields that are filled in (not None)."""
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) is not None)
+
+
+@runtime_checkable
+class TokenMaskProvider(Protocol):
+    """A callback that contributes a keep mask (True = the token stays in the loss)."""
+
+    required_fields: frozenset[str]
+    """The :class:`TokenMaskContext` fields this provider reads."""
+
+    def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
+        """Return a bool ``[B, T]`` keep mask, a subset of ``context.mask``. Called on every rank."""
+        ...
+
+
+@runtime_checkable
+class TokenMaskingModule(Protocol):
+    """A LightningModule that asks :class:`TokenMaskProvider` callbacks for keep masks."""
+
+    def token_mask_fields(self) -> frozenset[str]:
+        """The :class:`TokenMaskContext` fields this module can fill in (``mask`` and ``advantages`` always)."""
+        ...
+
+
+def token_mask_providers(trainer: Any) -> list[TokenMaskProvider]:
+    """The trainer's callbacks that implement :class:`TokenMaskProvider`, in callback order."""
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenMaskProvider)]
+
+
+def required_token_mask_fields(trainer: Any) -> frozenset[str]:
+    """Union of the fields all providers need: tells the module what its no-grad pass must compute."""
+    needed: frozenset[str] = frozenset()
+    for provider in token_mask_providers(trainer):
+        needed |= frozenset(provider.required_fields)
+    return needed
+
+
+def collect_keep_mask(trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
+    """AND of ``context.mask`` with every provider's keep mask. Call it on every rank.
+
+    Returns:
+        bool ``[B, T]``: True where a token stays in the loss.
+    """
+    keep = context.mask.clone()
+    for provider in token_mask_providers(trainer):
+        provided = provider.keep_mask(trainer, pl_module, context)
+        if provided.shape != keep.shape or provided.dtype != torch.bool:
+            raise ValueError(
+                f"{type(provider).__name__}.keep_mask returned {provided.dtype} {tuple(provided.shape)}, "
+                f"expected torch.bool {tuple(keep.shape)}"
+            )
+        keep &= provided
+    return keep

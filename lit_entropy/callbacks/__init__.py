@@ -1,0 +1,5 @@
+"""Lightning callbacks of lit_entropy."""
+
+from lit_entropy.callbacks.entropy_clipping import EntropyDiscriminatorClipping
+
+__all__ = ["EntropyDiscriminatorClipping"]

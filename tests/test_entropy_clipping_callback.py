@@ -1,0 +1,254 @@
+"""EntropyDiscriminatorClipping: protocol checks, exact global masks under 2 gloo ranks, a minimal module."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from lightning.pytorch import LightningModule, Trainer
+from torch import nn
+
+from lit_entropy.callbacks import EntropyDiscriminatorClipping
+from lit_entropy.functional import entropy_stats, policy_loss
+from lit_entropy.protocol import TokenMaskContext, collect_keep_mask, required_token_mask_fields
+
+
+def _reference_masked(context: TokenMaskContext, method: str, mu: float, max_frac: float | None) -> set[tuple[int, int]]:
+    """Plain-Python THEORY §3: the (row, col) of the tokens a 1-process run masks (one-sided)."""
+    rows, cols = context.mask.shape
+    valid = [(i, j) for i in range(rows) for j in range(cols) if bool(context.mask[i, j])]
+    s = {ij: float(context.discriminator[ij]) for ij in valid}
+    adv = {ij: float(context.advantages[ij]) for ij in valid}
+    if method == "clip_b":
+        mean = sum(s.values()) / len(valid)
+        std = math.sqrt(sum((v - mean) ** 2 for v in s.values()) / len(valid))
+        if std == 0:
+            return set()
+        return {ij for ij in valid if adv[ij] < 0 and s[ij] - mean < -mu * std}
+    d = {ij: float(context.policy_average[ij]) - s[ij] for ij in valid}
+    mean = sum(d.values()) / len(valid)
+    std = math.sqrt(sum((v - mean) ** 2 for v in d.values()) / len(valid))
+    candidates = [ij for ij in valid if adv[ij] < 0 and d[ij] > mu * std]
+    if max_frac is None:
+        return set(candidates)
+    cap = max(math.floor(max_frac * len(valid)), 1)
+    if len(candidates) <= cap:
+        return set(candidates)
+    threshold = sorted((d[ij] for ij in candidates), reverse=True)[cap - 1]
+    return {ij for ij in candidates if d[ij] >= threshold}
+
+
+def _global_batch(seed: int = 0, rows: int = 8, cols: int = 12) -> TokenMaskContext:
+    """Heavy-tailed S so both methods and the cap have something to mask."""
+    gen = torch.Generator().manual_seed(seed)
+    discriminator = torch.randn(rows, cols, generator=gen, dtype=torch.float64) ** 3
+    policy_average = 0.1 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    advantages = torch.randn(rows, 1, generator=gen, dtype=torch.float64).expand(rows, cols).contiguous()
+    lengths = torch.randint(3, cols + 1, (rows,), generator=gen)
+    mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
+    return TokenMaskContext(
+        mask=mask, advantages=advantages, discriminator=discriminator, policy_average=policy_average
+    )
+
+
+def _rows(context: TokenMaskContext, index: slice) -> TokenMaskContext:
+    return TokenMaskContext(
+        mask=context.mask[index],
+        advantages=context.advantages[index],
+        discriminator=context.discriminator[index],
+        policy_average=context.policy_average[index],
+    )
+
+
+CASES = [("clip_b", 1.0, None), ("clip_v", 1.5, None), ("clip_v", 1.0, 0.02)]
+
+
+@pytest.mark.parametrize(("method", "mu", "max_frac"), CASES)
+@pytest.mark.parametrize("seed", range(5))
+def test_single_process_masks_match_reference(method, mu, max_frac, seed):
+    context = _global_batch(seed)
+    keep = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, context)
+    masked = {(i, j) for i, j in zip(*torch.nonzero(context.mask & ~keep, as_tuple=True), strict=True)}
+    masked = {(int(i), int(j)) for i, j in masked}
+    assert masked == _reference_masked(context, method, mu, max_frac)
+    assert not bool((keep & ~context.mask).any()), "keep mask must be a subset of the response mask"
+
+
+def test_cases_mask_something():
+    """Guard against a vacuous test: the crafted batches do trigger masking and the cap."""
+    context = _global_batch(0)
+    for method, mu, max_frac in CASES:
+        masked = _reference_masked(context, method, mu, max_frac)
+        assert masked, (method, mu, max_frac)
+    uncapped = _reference_masked(context, "clip_v", 1.0, None)
+    capped = _reference_masked(context, "clip_v", 1.0, 0.02)
+    assert len(capped) < len(uncapped)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    try:
+        results = {}
+        for seed in range(3):
+            full = _global_batch(seed)
+            half = full.mask.shape[0] // world_size
+            local = _rows(full, slice(rank * half, (rank + 1) * half))
+            for method, mu, max_frac in CASES:
+                keep = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, local)
+                results[f"{seed}-{method}-{mu}-{max_frac}"] = keep.tolist()
+        with open(f"{out_dir}/rank{rank}.json", "w") as fh:
+            json.dump(results, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.ddp
+def test_two_gloo_ranks_mask_exactly_what_one_process_masks(tmp_path):
+    """Each rank holds half of the global batch; the union of their masks equals the 1-process mask."""
+    world_size = 2
+    mp.spawn(_ddp_worker, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+    for seed in range(3):
+        full = _global_batch(seed)
+        for method, mu, max_frac in CASES:
+            key = f"{seed}-{method}-{mu}-{max_frac}"
+            distributed = torch.tensor(shards[0][key] + shards[1][key])
+            single = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, full)
+            assert torch.equal(distributed, single), key
+            # ... and the global statistics matter: per-shard statistics would give another answer somewhere.
+    local_only = [
+        EntropyDiscriminatorClipping("clip_b", mu=1.0).keep_mask(None, None, _rows(_global_batch(s), slice(0, 4)))
+        for s in range(3)
+    ]
+    global_masks = [torch.tensor(shards[0][f"{s}-clip_b-1.0-None"]) for s in range(3)]
+    assert any(not torch.equal(a, b) for a, b in zip(local_only, global_masks, strict=True))
+
+
+def test_invalid_arguments_name_the_setting():
+    with pytest.raises(ValueError, match=r"mu must be > 0, got mu=0.0"):
+        EntropyDiscriminatorClipping("clip_b", mu=0)
+    with pytest.raises(ValueError, match=r"max_frac"):
+        EntropyDiscriminatorClipping("clip_v", max_frac=1.5)
+    with pytest.raises(ValueError, match=r"method"):
+        EntropyDiscriminatorClipping("clip_x")
+    assert EntropyDiscriminatorClipping("clip_b").mu == 2.5
+    assert EntropyDiscriminatorClipping("clip_v").mu == 8.5
+
+
+class _NoProtocol(LightningModule):
+    pass
+
+
+class _NoPolicyAverage(LightningModule):
+    def token_mask_fields(self):
+        return frozenset({"mask", "advantages", "discriminator"})
+
+
+def test_setup_names_what_the_module_lacks():
+    with pytest.raises(TypeError, match=r"_NoProtocol has no token_mask_fields"):
+        EntropyDiscriminatorClipping("clip_b").setup(None, _NoProtocol(), "fit")
+    EntropyDiscriminatorClipping("clip_b").setup(None, _NoPolicyAverage(), "fit")  # clip_b needs no averages
+    with pytest.raises(TypeError, match=r"policy_average"):
+        EntropyDiscriminatorClipping("clip_v").setup(None, _NoPolicyAverage(), "fit")
+
+
+def test_state_dict_round_trip():
+    cb = EntropyDiscriminatorClipping("clip_b", mu=1.0)
+    cb.keep_mask(None, None, _global_batch(0))
+    state = cb.state_dict()
+    assert state["num_batches"] == 1 and state["num_masked"] > 0
+    fresh = EntropyDiscriminatorClipping("clip_b", mu=1.0)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    assert "clip_b" in cb.state_key
+
+
+class _BanditPolicy(LightningModule):
+    """A minimal RL module (not lit_entropy's): per-position logits, sampled tokens, clipped PG loss.
+
+    It implements the token-mask protocol in a few lines, as a user's own module would.
+    """
+
+    def __init__(self, positions: int = 6, vocab: int = 16, rows: int = 32) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.logits = nn.Parameter(torch.randn(positions, vocab) * 2)
+        self.rows = rows
+        self.seen_keep_fracs: list[float] = []
+
+    def token_mask_fields(self):
+        return frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs"})
+
+    def training_step(self, batch, batch_idx):
+        positions, vocab = self.logits.shape
+        want_average = "policy_average" in required_token_mask_fields(self.trainer)
+        with torch.no_grad():
+            logits = self.logits.expand(self.rows, positions, vocab)
+            tokens = torch.distributions.Categorical(logits=logits).sample()
+            old = entropy_stats(logits, tokens, policy_average=want_average)
+        advantages = (tokens.float().mean(-1, keepdim=True) - vocab / 2).sign().expand(-1, positions).contiguous()
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        context = TokenMaskContext(
+            mask=mask,
+            advantages=advantages,
+            discriminator=old.discriminator,
+            policy_average=old.policy_average,
+            entropy=old.entropy,
+            old_logprobs=old.logprobs,
+        )
+        keep = collect_keep_mask(self.trainer, self, context)
+        self.seen_keep_fracs.append(float(keep.float().mean()))
+        new = entropy_stats(self.logits.expand(self.rows, positions, vocab), tokens)
+        loss, _ = policy_loss(new.logprobs, old.logprobs, advantages, keep)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.zeros(4, 1), batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@pytest.mark.parametrize("method", ["clip_b", "clip_v"])
+def test_callback_inside_a_minimal_lightning_module(method):
+    torch.manual_seed(0)
+    module = _BanditPolicy()
+    callback = EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.05)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module)
+    assert callback.num_batches == 4
+    assert len(module.seen_keep_fracs) == 4
+    assert 0 < callback.num_masked < callback.num_tokens
+    assert min(module.seen_keep_fracs) < 1.0
+    logged = trainer.callback_metrics
+    for name in ("train/entropy_clip_frac", "train/entropy_clip_frac_pos", "train/entropy_clip_frac_neg"):
+        assert name in logged
+    assert float(logged["train/entropy_clip_frac_pos"]) == 0.0  # one-sided: A > 0 tokens are kept
+    if method == "clip_v":
+        assert "train/entropy_clip/centred_s_mean" in logged
+        assert callback.num_masked <= 4 * max(math.floor(0.05 * 32 * 6), 1)

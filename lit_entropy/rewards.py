@@ -1,0 +1,193 @@
+"""Rewards for verifiable tasks: batched ``(completions, answers) -> scores``.
+
+A reward function takes the decoded completions and the ground-truth answers of the same rows (equal
+lengths; a GRPO group repeats its prompt's answer K times) and returns one float per row, usually 0.0 or
+1.0. Reward functions run in the training process, possibly outside the main thread, so none may rely on
+process-wide signal handlers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "RewardFunction",
+    "exact_match_reward",
+    "last_boxed_content",
+    "math_verify_reward",
+    "resolve_reward_fn",
+]
+
+# math_verify's own default per-call limit (seconds), used where its signal-based timeout can work.
+_MATH_VERIFY_TIMEOUT_S = 5
+_BOXED_COMMANDS = ("\\boxed", "\\fbox")
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """Batched reward: ``fn(completions, answers)`` returns ``len(completions)`` floats.
+
+    Args:
+        completions: Decoded completion text (without the prompt), one per row.
+        answers: Ground-truth answer of each row, same length as ``completions``.
+    """
+
+    def __call__(self, completions: list[str], answers: list[str]) -> list[float]: ...
+
+
+def _check_lengths(completions: Sequence[str], answers: Sequence[str]) -> None:
+    if len(completions) != len(answers):
+        raise ValueError(
+            f"completions and answers must have equal lengths, got len(completions)={len(completions)} "
+            f"and len(answers)={len(answers)}"
+        )
+
+
+def exact_match_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """1.0 where the completion's first line, stripped, equals the stripped answer, else 0.0.
+
+    The completion is stripped of surrounding whitespace, then cut at its first newline (the model may
+    keep talking after the answer line); used by the synthetic arithmetic task (``"68"`` vs ``"68"``).
+    """
+    _check_lengths(completions, answers)
+    return [float(c.strip().split("\n", 1)[0].strip() == a.strip()) for c, a in zip(completions, answers, strict=True)]
+
+
+def last_boxed_content(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; None if none.
+
+    A backslash escapes the next character, so ``\\{`` and ``\\}`` do not count as braces. When the last
+    box is not closed (a truncated completion) the result is None: the final answer is incomplete.
+    """
+    start = max(text.rfind(command + "{") for command in _BOXED_COMMANDS)
+    if start < 0:
+        return None
+    begin = text.index("{", start) + 1
+    depth = 1
+    i = begin
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i]
+        i += 1
+    return None
+
+
+@lru_cache(maxsize=1)
+def _math_verify_api() -> tuple[Callable[..., Any], Callable[..., Any], str | None, str | None, type[BaseException]]:
+    """``parse``, ``verify``, the names of their timeout arguments and the timeout exception of math_verify."""
+    from math_verify import parse, verify
+
+    try:  # a BaseException subclass, so ``except Exception`` would let it through
+        from math_verify.errors import TimeoutException
+    except ImportError:  # releases without it raise plain exceptions
+        TimeoutException = Exception  # noqa: N806
+
+    # Older releases lack one or both arguments (and then have no signal-based timeout to switch off).
+    parse_timeout = "parsing_timeout" if "parsing_timeout" in inspect.signature(parse).parameters else None
+    verify_timeout = "timeout_seconds" if "timeout_seconds" in inspect.signature(verify).parameters else None
+    return parse, verify, parse_timeout, verify_timeout, TimeoutException
+
+
+def _gold_latex(answer: str) -> str:
+    """Ground truth as a ``\\boxed{}`` expression: drop surrounding ``$`` and an existing box."""
+    text = answer.strip()
+    boxed = last_boxed_content(text)
+    if boxed is not None:
+        text = boxed
+    return "\\boxed{" + text.strip().strip("$").strip() + "}"
+
+
+def math_verify_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """1.0 where the last ``\\boxed{}`` of the completion is mathematically equal to the answer, else 0.0.
+
+    Equality is ``math_verify.verify(parse(gold), parse(prediction))``, which accepts e.g.
+    ``\\boxed{\\frac{1}{2}}`` for ``"0.5"`` or ``"1/2"``. A completion without a complete box, or any
+    parsing/verification error, scores 0.0. math_verify's timeouts use ``signal.alarm``, which only works
+    in the main thread: there they stay on (5 s per call, e.g. ``\\boxed{9^{9^{9^{9}}}}`` scores 0 after
+    5 s); elsewhere (a worker thread) they are disabled so that the call works at all, and such a
+    pathological expression can then block for minutes. Call it from the main thread (a Lightning
+    ``training_step`` runs there) unless the completions are trusted.
+    """
+    _check_lengths(completions, answers)
+    parse, verify, parse_timeout, verify_timeout, timeout_error = _math_verify_api()
+    seconds = _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    parse_kwargs = {parse_timeout: seconds} if parse_timeout else {}
+    verify_kwargs = {verify_timeout: seconds} if verify_timeout else {}
+    gold_cache: dict[str, Any] = {}  # a GRPO group repeats each answer K times: parse it once
+    rewards = []
+    for completion, answer in zip(completions, answers, strict=True):
+        predicted = last_boxed_content(completion)
+        if predicted is None or not predicted.strip():
+            rewards.append(0.0)
+            continue
+        try:
+            if answer not in gold_cache:
+                gold_cache[answer] = parse(_gold_latex(answer), **parse_kwargs)
+            target = parse("\\boxed{" + predicted + "}", **parse_kwargs)
+            correct = bool(gold_cache[answer]) and bool(target) and verify(gold_cache[answer], target, **verify_kwargs)
+        except (Exception, timeout_error):  # a reward must never crash training: bad or timed-out answers score 0
+            correct = False
+        rewards.append(float(correct))
+    return rewards
+
+
+#: Built-in reward functions by the names ``resolve_reward_fn`` accepts.
+REWARD_FUNCTIONS: dict[str, RewardFunction] = {
+    "exact_match": exact_match_reward,
+    "math_verify": math_verify_reward,
+}
+
+
+def resolve_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
+    """Turn a ``reward_fn`` setting into a reward function.
+
+    Args:
+        spec: A callable (returned as is); a built-in name (``"exact_match"``, ``"math_verify"``); or an
+            import path ``"package.module:function"`` or ``"package.module.function"``. An imported class
+            is instantiated without arguments (its instances must be callable).
+
+    Raises:
+        ValueError: Naming ``reward_fn``, the value and the underlying error when ``spec`` cannot be
+            imported or does not give a callable.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward_fn must be a callable or a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[spec]
+    if ":" in spec:
+        module_name, _, attr_path = spec.partition(":")
+    elif "." in spec:
+        module_name, _, attr_path = spec.rpartition(".")
+    else:
+        raise ValueError(
+            f"reward_fn={spec!r} is neither a built-in reward ({sorted(REWARD_FUNCTIONS)}) nor an import path "
+            f"'package.module:function'"
+        )
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            target = getattr(target, attr)
+        if inspect.isclass(target):
+            target = target()
+    except Exception as err:  # ImportError, AttributeError, or whatever the module/constructor raises
+        raise ValueError(f"reward_fn={spec!r} cannot be imported: {type(err).__name__}: {err}") from err
+    if not callable(target):
+        raise ValueError(f"reward_fn={spec!r} resolves to a {type(target).__name__}, which is not callable")
+    return target

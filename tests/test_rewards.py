@@ -1,0 +1,203 @@
+"""Tests for lit_entropy.rewards: exact match, boxed math answers, and reward_fn resolution."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lit_entropy.rewards import (
+    RewardFunction,
+    exact_match_reward,
+    last_boxed_content,
+    math_verify_reward,
+    resolve_reward_fn,
+)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("68", "68", 1.0),
+        ("  68  ", "68", 1.0),
+        ("68\n12+3=15", "68", 1.0),  # only the first line counts
+        ("\n68\n", " 68 ", 1.0),  # surrounding whitespace goes before the cut
+        ("68 ", "68\n", 1.0),
+        ("6 8", "68", 0.0),
+        ("680", "68", 0.0),
+        ("-4", "4", 0.0),
+        ("", "68", 0.0),
+        ("foo\n68", "68", 0.0),
+    ],
+)
+def test_exact_match_reward_single(completion: str, answer: str, expected: float) -> None:
+    assert exact_match_reward([completion], [answer]) == [expected]
+
+
+def test_exact_match_reward_batched_matches_loop() -> None:
+    completions = ["1", "2\n", " 3", "4x", "5\n5"]
+    answers = ["1", "2", "3", "4", "6"]
+    assert exact_match_reward(completions, answers) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert exact_match_reward([], []) == []
+
+
+def test_exact_match_reward_length_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"len\(completions\)=2.*len\(answers\)=1"):
+        exact_match_reward(["1", "2"], ["1"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"The answer is \boxed{34}.", "34"),
+        (r"\boxed{1} no wait \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{\sqrt{\frac{a}{b^{2}}}} done", r"\sqrt{\frac{a}{b^{2}}}"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces are not structure
+        (r"\fbox{7}", "7"),
+        (r"\boxed{3} and then \boxed{\frac{1}{", None),  # the last box is truncated
+        ("no box here", None),
+        (r"\boxed{}", ""),
+    ],
+)
+def test_last_boxed_content(text: str, expected: str | None) -> None:
+    assert last_boxed_content(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        (r"So the result is $\boxed{\frac{1}{2}}$.", "0.5", 1.0),
+        (r"\boxed{\frac{1}{2}}", "1/2", 1.0),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{\dfrac{14}{3}}", r"\frac{14}{3}", 1.0),
+        (r"\boxed{\sqrt{\frac{1}{4}}}", "1/2", 1.0),  # nested braces
+        (r"\boxed{34}", "34", 1.0),
+        (r"\boxed{34}", "$34$", 1.0),  # gold wrapped in $...$
+        (r"\boxed{34}", r"\boxed{34}", 1.0),  # gold already boxed
+        (r"first \boxed{12}, finally \boxed{34}", "34", 1.0),  # the LAST box counts
+        (r"first \boxed{34}, finally \boxed{12}", "34", 0.0),
+        (r"\boxed{[0, 1)}", "[0,1)", 1.0),
+        (r"\boxed{x^2+1}", "1+x^2", 1.0),
+        (r"\boxed{35}", "34", 0.0),  # wrong
+        (r"\boxed{\frac{1}{3}}", "0.5", 0.0),
+        ("The answer is 34.", "34", 0.0),  # no box
+        (r"\boxed{34", "34", 0.0),  # unclosed box
+        (r"\boxed{}", "34", 0.0),
+        (r"\boxed{\frac{(}{}", "34", 0.0),  # garbage inside the box
+    ],
+)
+def test_math_verify_reward_single(completion: str, answer: str, expected: float) -> None:
+    assert math_verify_reward([completion], [answer]) == [expected]
+
+
+def test_math_verify_reward_batch_with_repeated_answers() -> None:
+    # A GRPO group: four completions of one prompt, then two of another.
+    completions = [r"\boxed{2}", r"\boxed{3}", r"\boxed{2.0}", "2", r"\boxed{\pi}", r"\boxed{3.14}"]
+    answers = ["2", "2", "2", "2", r"\pi", r"\pi"]
+    assert math_verify_reward(completions, answers) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_math_verify_reward_outside_main_thread() -> None:
+    # math_verify's signal.alarm timeouts raise outside the main thread; the reward must still work there.
+    results: list[list[float]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            results.append(math_verify_reward([r"\boxed{\frac{1}{2}}", r"\boxed{3}"], ["0.5", "4"]))
+        except BaseException as err:  # reported to the main thread by the assert below
+            errors.append(err)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert not errors and results == [[1.0, 0.0]]
+
+
+def test_math_verify_reward_length_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"len\(completions\)=1.*len\(answers\)=0"):
+        math_verify_reward([r"\boxed{1}"], [])
+
+
+def test_resolve_builtin_names_and_callables() -> None:
+    assert resolve_reward_fn("exact_match") is exact_match_reward
+    assert resolve_reward_fn("math_verify") is math_verify_reward
+
+    def custom(completions: list[str], answers: list[str]) -> list[float]:
+        return [0.5] * len(completions)
+
+    assert resolve_reward_fn(custom) is custom
+    assert isinstance(exact_match_reward, RewardFunction)
+
+
+_USER_MODULE = """
+def length_reward(completions, answers):
+    return [float(len(c)) for c in completions]
+
+
+class Scaled:
+    def __init__(self):
+        self.scale = 2.0
+
+    def __call__(self, completions, answers):
+        return [self.scale * (c == a) for c, a in zip(completions, answers)]
+
+
+class Namespace:
+    @staticmethod
+    def nested(completions, answers):
+        return [7.0 for _ in completions]
+
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch) -> str:
+    package = tmp_path / "my_rewards_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scoring.py").write_text(_USER_MODULE)
+    (package / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_rewards_pkg.scoring"
+
+
+def test_resolve_import_paths(user_rewards: str) -> None:
+    fn = resolve_reward_fn(f"{user_rewards}:length_reward")
+    assert fn(["ab", "abcd"], ["x", "y"]) == [2.0, 4.0]
+    fn = resolve_reward_fn(f"{user_rewards}.length_reward")
+    assert fn(["abc"], ["x"]) == [3.0]
+    scaled = resolve_reward_fn(f"{user_rewards}:Scaled")  # a class is instantiated
+    assert scaled(["1", "2"], ["1", "3"]) == [2.0, 0.0]
+    nested = resolve_reward_fn(f"{user_rewards}:Namespace.nested")
+    assert nested(["a", "b"], ["a", "b"]) == [7.0, 7.0]
+
+
+@pytest.mark.parametrize(
+    ("suffix", "match"),
+    [
+        (":missing_fn", r"reward_fn='my_rewards_pkg\.scoring:missing_fn' cannot be imported: AttributeError"),
+        (".missing_fn", r"reward_fn='my_rewards_pkg\.scoring\.missing_fn' cannot be imported: AttributeError"),
+        (":NOT_CALLABLE", r"reward_fn='my_rewards_pkg\.scoring:NOT_CALLABLE' resolves to a int"),
+    ],
+)
+def test_resolve_failures_in_module(user_rewards: str, suffix: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_reward_fn(user_rewards + suffix)
+
+
+def test_resolve_failures(user_rewards: str) -> None:
+    match = r"reward_fn='no_such_pkg_xyz\.mod:fn' cannot be imported: ModuleNotFoundError"
+    with pytest.raises(ValueError, match=match):
+        resolve_reward_fn("no_such_pkg_xyz.mod:fn")
+    with pytest.raises(ValueError, match=r"reward_fn='my_rewards_pkg\.broken:fn' cannot be imported: .*boom at import"):
+        resolve_reward_fn("my_rewards_pkg.broken:fn")
+    with pytest.raises(ValueError, match=r"reward_fn='exactmatch' is neither a built-in reward"):
+        resolve_reward_fn("exactmatch")
+    with pytest.raises(ValueError, match=r"reward_fn must be a callable or a non-empty string, got ''"):
+        resolve_reward_fn("")
+    with pytest.raises(ValueError, match=r"reward_fn must be a callable or a non-empty string, got 3"):
+        resolve_reward_fn(3)  # type: ignore[arg-type]

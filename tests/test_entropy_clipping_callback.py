@@ -19,7 +19,9 @@ from lit_entropy.functional import entropy_stats, policy_loss
 from lit_entropy.protocol import TokenMaskContext, collect_keep_mask, required_token_mask_fields
 
 
-def _reference_masked(context: TokenMaskContext, method: str, mu: float, max_frac: float | None) -> set[tuple[int, int]]:
+def _reference_masked(
+    context: TokenMaskContext, method: str, mu: float, max_frac: float | None
+) -> set[tuple[int, int]]:
     """Plain-Python THEORY §3: the (row, col) of the tokens a 1-process run masks (one-sided)."""
     rows, cols = context.mask.shape
     valid = [(i, j) for i in range(rows) for j in range(cols) if bool(context.mask[i, j])]

@@ -1,0 +1,67 @@
+"""Pure tensor functions of lit_entropy (no Lightning): entropy dynamics, losses, masks, metrics.
+
+Per-token tensors are ``[batch, response_len]`` with a bool ``mask`` (True = real response token).
+"""
+
+from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
+from lit_entropy.functional.clipping import (
+    cap_count,
+    clip_b_mask,
+    clip_v_deviation,
+    clip_v_mask,
+    clip_v_scores,
+    kth_largest,
+    local_top_scores,
+    moment_stats,
+)
+from lit_entropy.functional.entropy import (
+    EntropyStats,
+    entropy_discriminator,
+    entropy_from_logits,
+    entropy_stats,
+    predicted_entropy_change,
+)
+from lit_entropy.functional.kl import KL_KINDS, kl_penalty
+from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
+from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
+from lit_entropy.functional.policy_loss import (
+    LOSS_AGG_MODES,
+    PolicyLossStats,
+    aggregate_loss,
+    clipped_token_masks,
+    policy_loss,
+    value_loss,
+)
+
+__all__ = [
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "EntropyStats",
+    "PolicyLossStats",
+    "aggregate_loss",
+    "avg_at_k",
+    "cap_count",
+    "clip_b_mask",
+    "clip_v_deviation",
+    "clip_v_mask",
+    "clip_v_scores",
+    "clipped_token_masks",
+    "entropy_discriminator",
+    "entropy_from_logits",
+    "entropy_stats",
+    "gae_advantages",
+    "grpo_advantages",
+    "kl_penalty",
+    "kth_largest",
+    "local_top_scores",
+    "masked_mean",
+    "masked_moments",
+    "masked_sum",
+    "moment_stats",
+    "pass_at_k",
+    "pass_at_k_per_prompt",
+    "policy_loss",
+    "predicted_entropy_change",
+    "value_loss",
+    "whiten",
+]

@@ -1,0 +1,215 @@
+"""Build the embedded default model ``lit_entropy/assets/tiny-qwen2-arith``.
+
+A tiny Qwen2 (head_dim 64 so vLLM can serve it) with a char-level tokenizer is warm-started by teacher
+forcing on the synthetic arithmetic train split (loss on answer + ``<eos>`` only), and the SFT is stopped
+*deliberately early*: at the first evaluation whose sampled (T=1.0) validation accuracy reaches
+``--target-acc``. The shipped model is therefore right, but unsure, on many prompts, which is what GRPO needs
+(reward variance inside each group of samples) and leaves entropy room to fall.
+
+Usage::
+
+    pip install -e .   # or prefix the next line with PYTHONPATH=.
+    python scripts/make_tiny_model.py   # ~1.5 min on 2 idle CPU cores; deterministic (bit-identical output)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_size, make_arithmetic_examples
+from lit_entropy.data.char_tokenizer import build_char_tokenizer
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="asset directory to (over)write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--max-operand", type=int, default=DEFAULT_MAX_OPERAND)
+    p.add_argument("--operations", default="+-")
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-heads", type=int, default=2, help="attention heads; head_dim = hidden / heads = 64")
+    p.add_argument("--num-kv-heads", type=int, default=1)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-steps", type=int, default=3000, help="hard cap on SFT steps")
+    p.add_argument("--eval-every", type=int, default=25, help="SFT steps between early-stop checks")
+    p.add_argument("--eval-prompts", type=int, default=128, help="val prompts per early-stop check")
+    p.add_argument("--target-acc", type=float, default=0.38, help="stop once sampled T=1 val acc reaches this")
+    p.add_argument("--final-prompts", type=int, default=512, help="val prompts in the final report")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt (the GRPO group size)")
+    return p.parse_args(argv)
+
+
+def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    if args.hidden_size // args.num_heads != 64:
+        raise ValueError(f"hidden_size / num_heads must be 64 (vLLM), got {args.hidden_size}/{args.num_heads}")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads,
+        head_dim=args.hidden_size // args.num_heads,
+        max_position_embeddings=tokenizer.model_max_length,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(args.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=6,
+    )
+    return model
+
+
+def make_batch(examples: list[dict[str, str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, torch.Tensor]:
+    """Right-padded teacher-forcing batch; labels are -100 except on answer + eos tokens."""
+    rows, labels = [], []
+    for ex in examples:
+        p_ids = tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"]
+        a_ids = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p_ids + a_ids)
+        labels.append([-100] * len(p_ids) + a_ids)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        att[i, : len(r)] = 1
+    return {"input_ids": ids, "attention_mask": att, "labels": lab}
+
+
+@torch.no_grad()
+def evaluate(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    examples: list[dict[str, str]],
+    *,
+    temperature: float | None,
+    samples: int,
+    seed: int,
+) -> tuple[float, float]:
+    """Sampled (or greedy when ``temperature`` is None) accuracy and the fraction of prompts whose
+    ``samples`` completions are neither all right nor all wrong."""
+    model.eval()
+    enc = tokenizer([ex["prompt"] for ex in examples], return_tensors="pt", padding=True, add_special_tokens=False)
+    max_answer = max(len(ex["answer"]) for ex in examples)
+    gen_kwargs = {"do_sample": False, "num_return_sequences": 1}
+    if temperature is not None:
+        gen_kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+                      "num_return_sequences": samples}
+    torch.manual_seed(seed)
+    out = model.generate(
+        **enc,
+        max_new_tokens=max_answer + 2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **gen_kwargs,
+    )
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    k = gen_kwargs["num_return_sequences"]
+    correct = [t == examples[i // k]["answer"] for i, t in enumerate(texts)]
+    per_prompt = [sum(correct[i * k : (i + 1) * k]) for i in range(len(examples))]
+    mixed = sum(0 < c < k for c in per_prompt) / len(examples)
+    model.train()
+    return sum(correct) / len(correct), mixed
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    t0 = time.perf_counter()
+    tokenizer = build_char_tokenizer()
+    model = build_model(args, tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    ds_kwargs = {"max_operand": args.max_operand, "operations": args.operations}
+    n_train = arithmetic_split_size("train", **ds_kwargs)
+    train = make_arithmetic_examples("train", n_train, seed=args.seed, **ds_kwargs)
+    n_val = arithmetic_split_size("validation", **ds_kwargs)
+    val_small = make_arithmetic_examples("validation", min(args.eval_prompts, n_val), seed=args.seed, **ds_kwargs)
+    val_final = make_arithmetic_examples("validation", min(args.final_prompts, n_val), seed=args.seed, **ds_kwargs)
+    print(f"params={n_params} train_problems={n_train} val_problems={n_val}", flush=True)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = 50
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    rng = random.Random(args.seed)
+    order: list[int] = []
+    step, acc = 0, 0.0
+    model.train()
+    while step < args.max_steps:
+        if len(order) < args.batch_size:  # new epoch: reshuffle, drop the ragged tail
+            order = list(range(n_train))
+            rng.shuffle(order)
+        batch = make_batch([train[order.pop()] for _ in range(args.batch_size)], tokenizer)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        if step % args.eval_every == 0:
+            acc, mixed = evaluate(model, tokenizer, val_small, temperature=1.0, samples=4, seed=args.seed)
+            print(f"step={step} loss={loss.item():.4f} val_acc@T1={acc:.3f} mixed={mixed:.2f} "
+                  f"t={time.perf_counter() - t0:.0f}s", flush=True)
+            if acc >= args.target_acc:
+                break
+    if acc < args.target_acc:
+        print(f"warning: target_acc {args.target_acc} not reached in {args.max_steps} steps", flush=True)
+
+    results = {"sft_steps": step, "params": n_params, "val_prompts": len(val_final), "samples": args.samples}
+    for name, temp in (("T1.0", 1.0), ("T0.7", 0.7)):
+        a, m = evaluate(model, tokenizer, val_final, temperature=temp, samples=args.samples, seed=args.seed + 1)
+        results[f"val_acc_{name}"] = round(a, 4)
+        results[f"mixed_frac_{name}"] = round(m, 4)
+    results["val_acc_greedy"] = round(evaluate(model, tokenizer, val_final, temperature=None, samples=1,
+                                               seed=args.seed)[0], 4)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    tokenizer.save_pretrained(args.out)
+    for f in args.out.iterdir():  # safetensors writes 0600; package data must be world-readable
+        if f.is_file():
+            f.chmod(0o644)
+    size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
+    results["size_bytes"] = size
+    results["seconds"] = round(time.perf_counter() - t0, 1)
+    results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
+    (args.out / "sft_report.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    print(f"wrote {args.out} ({size / 2**20:.2f} MiB, {n_params} params, {step} SFT steps, "
+          f"sampled val acc T=1.0 {results['val_acc_T1.0']:.3f}, T=0.7 {results['val_acc_T0.7']:.3f}, "
+          f"greedy {results['val_acc_greedy']:.3f}; prompts with 0<correct<{args.samples} at T=1.0: "
+          f"{results['mixed_frac_T1.0']:.2f})")
+    assert math.isfinite(loss.item())
+
+
+if __name__ == "__main__":
+    main()

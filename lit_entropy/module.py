@@ -22,6 +22,7 @@ import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
@@ -121,6 +122,14 @@ class RFTModule(LightningModule):
         log_samples_every_n_steps: how often to log sample completions and the entropy histogram.
         num_logged_samples: completions shown per logging.
         rollout_engine: the engine; None = HF ``generate`` on the policy.
+        max_consecutive_skips: stop with an error after this many consecutive skipped updates (non-finite
+            loss or gradient norm).
+        fsdp_param_dtype: under ``ModelParallelStrategy`` (FSDP2): dtype of the all-gathered parameters
+            (``"bfloat16"``: bf16 compute, fp32 gradient reduction and master weights); None = follow the
+            trainer precision (``bf16-mixed`` -> bfloat16, else none).
+        export_dir: where ``fit`` exports the trained policy (``save_pretrained`` + tokenizer); None =
+            ``<log_dir>/hf_model``.
+        export_on_train_end: export the policy when ``fit`` ends.
     """
 
     def __init__(
@@ -167,6 +176,10 @@ class RFTModule(LightningModule):
         log_samples_every_n_steps: int = 10,
         num_logged_samples: int = 4,
         rollout_engine: RolloutEngine | None = None,
+        max_consecutive_skips: int = 10,
+        fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None,
+        export_dir: str | None = None,
+        export_on_train_end: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "rollout_engine"])
@@ -193,6 +206,8 @@ class RFTModule(LightningModule):
         self.val_avg = AvgAtK()
         self.val_pass = nn.ModuleDict({str(kk): PassAtK(kk) for kk in self.val_pass_k})
         self.num_skipped_updates = 0
+        self.consecutive_skipped_updates = 0
+        self.export_path: str | None = None  # where the last export went
 
     # ------------------------------------------------------------------ setup
     def token_mask_fields(self) -> frozenset[str]:
@@ -220,6 +235,24 @@ class RFTModule(LightningModule):
             self.value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=backbone.dtype)
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed)
+            from lit_entropy.distributed import shard_models
+
+            shard_models(self, self.device_mesh["data_parallel"], self._fsdp_param_dtype())
+            # FSDP2 loads model states strictly and the frozen reference is not in checkpoints.
+            self.strict_loading = self.ref_model is None
+
+    def _fsdp_param_dtype(self) -> str | None:
+        if self.hparams.fsdp_param_dtype is not None:
+            return self.hparams.fsdp_param_dtype
+        precision = str(getattr(self._trainer, "precision", "")) if self._trainer is not None else ""
+        return "bfloat16" if precision == "bf16-mixed" else None
+
+    def configure_callbacks(self) -> list[Any]:
+        """RNG states in checkpoints, atomic checkpoint writes, a resumable checkpoint on Ctrl-C."""
+        from lit_entropy.checkpointing import ResumableCheckpointing
+
+        return [ResumableCheckpointing()]
 
     def setup(self, stage: str) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -276,12 +309,66 @@ class RFTModule(LightningModule):
         for key in [k for k in state if k.startswith("ref_model.")]:
             del state[key]
         checkpoint["num_skipped_updates"] = self.num_skipped_updates
+        checkpoint["consecutive_skipped_updates"] = self.consecutive_skipped_updates
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.ref_model is not None:
             state = checkpoint.setdefault("state_dict", {})
             state.update({f"ref_model.{k}": v for k, v in self.ref_model.state_dict().items()})
         self.num_skipped_updates = int(checkpoint.get("num_skipped_updates", 0))
+        self.consecutive_skipped_updates = int(checkpoint.get("consecutive_skipped_updates", 0))
+
+    def on_train_end(self) -> None:
+        if self.hparams.export_on_train_end:
+            self.export_pretrained()
+
+    def export_pretrained(self, path: str | None = None) -> str:
+        """Write the policy with ``save_pretrained`` plus its tokenizer, atomically; returns the directory.
+
+        The directory loads with ``AutoModelForCausalLM.from_pretrained`` and vLLM. Default location:
+        ``model.export_dir``, else ``<log_dir>/hf_model``. Under FSDP2 every rank must call it (the full
+        weights are gathered); rank 0 writes.
+        """
+        from pathlib import Path
+
+        from lit_entropy.checkpointing import atomic_directory_replace
+        from lit_entropy.distributed import full_state_dict, unwrapped_class
+
+        if path is None and self.hparams.export_dir is None and self._trainer is None:
+            raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
+        if path is None:
+            path = self.hparams.export_dir
+        if path is None:
+            root = self.trainer.log_dir or self.trainer.default_root_dir
+            path = str(Path(root) / "hf_model")
+        if self._trainer is not None:
+            path = self.trainer.strategy.broadcast(path)
+        state = full_state_dict(self.policy)  # collective under FSDP2
+
+        def build(tmp: Path) -> None:
+            config = self.policy.config
+            use_cache, config.use_cache = config.use_cache, True  # training turns the KV cache off
+            try:
+                self.policy.save_pretrained(tmp, state_dict=state)
+            finally:
+                config.use_cache = use_cache
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            # fully_shard renames the class (FSDP<Name>); loaders pick the architecture by this name.
+            import json
+
+            config_file = tmp / "config.json"
+            saved = json.loads(config_file.read_text())
+            saved["architectures"] = [unwrapped_class(self.policy).__name__]
+            config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+        if self.global_rank == 0:
+            atomic_directory_replace(build, path)
+            self.print(f"lit_entropy: exported the policy to {path}")
+        if self._trainer is not None:
+            self.trainer.strategy.barrier("export_pretrained")
+        self.export_path = path
+        return path
 
     # --------------------------------------------------------------- forward
     def _forward(
@@ -323,7 +410,13 @@ class RFTModule(LightningModule):
 
     def _rollout_and_score(self, batch: dict[str, Any], training: bool) -> tuple[RolloutBatch, Tensor, list[str]]:
         sampling = self._sampling(training)
-        rollout = self.rollout_engine.generate(self.policy, batch["input_ids"], batch["attention_mask"], sampling)
+        try:
+            rollout = self.rollout_engine.generate(self.policy, batch["input_ids"], batch["attention_mask"], sampling)
+        except Exception as error:
+            raise RuntimeError(
+                f"rollout engine failed: {type(self.rollout_engine).__name__}.generate raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
         responses = rollout.responses.masked_fill(~rollout.response_mask, self.tokenizer.pad_token_id or 0)
         completions = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         answers = [a for a in batch["answers"] for _ in range(sampling.num_samples)]
@@ -475,30 +568,55 @@ class RFTModule(LightningModule):
             for mini in self._row_slices(rows, hp.mini_batch_size):
                 index = order[mini]
                 normalizer = self._normalizer(exp.loss_mask[index])
+                finite_loss = True
                 for micro in self._row_slices(index.numel(), hp.micro_batch_size):
                     terms = self._minibatch_loss(exp.rows(index[micro]), normalizer, response_len)
-                    self.manual_backward(terms.pop("loss"))
+                    loss = terms.pop("loss")
+                    finite_loss &= bool(torch.isfinite(loss.detach()))
+                    # Backward even on a non-finite loss: under data parallel every rank must join the
+                    # gradient collectives; the step is skipped afterwards.
+                    self.manual_backward(loss)
                     for key, value in terms.items():
                         sums[key] = sums.get(key, 0.0) + float(value)
                     n_terms += 1
-                norms.append(self._clip_and_step(optimizer))
+                norms.append(self._clip_and_step(optimizer, finite_loss=finite_loss))
                 scheduler.step()
         out = {key: value / max(n_terms, 1) for key, value in sums.items()}
         out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
         return out
 
-    def _clip_and_step(self, optimizer: Any) -> Tensor:
-        """Clip the global gradient norm, then step; skip the update when gradients are not finite."""
+    def _clip_and_step(self, optimizer: Any, finite_loss: bool = True) -> Tensor:
+        """Clip the global gradient norm, then step; skip the update when the loss or gradients are not finite.
+
+        Raises:
+            RuntimeError: after ``max_consecutive_skips`` skipped updates in a row.
+        """
         params = [p for p in self.parameters() if p.grad is not None]
         max_norm = self.hparams.max_grad_norm if self.hparams.max_grad_norm is not None else float("inf")
+        # Under FSDP2 the parameters are DTensors and the returned norm is the global one (a DTensor).
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        if torch.isfinite(norm):
+        # Every rank must take the same decision: the loss check is local, so agree on it.
+        all_finite_loss = self._global_count(0.0 if finite_loss else 1.0) == 0.0
+        if torch.isfinite(norm) and all_finite_loss:
             optimizer.step()
+            self.consecutive_skipped_updates = 0
         else:
             self.num_skipped_updates += 1
-            self.print(f"lit_entropy: skipped an update with a non-finite gradient norm ({float(norm)})")
+            self.consecutive_skipped_updates += 1
+            what = "gradient norm" if all_finite_loss else "loss"
+            rank_zero_warn(
+                f"lit_entropy: skipped an update with a non-finite {what} (grad norm {float(norm)}) at step "
+                f"{self.global_step}; {self.consecutive_skipped_updates} in a row, {self.num_skipped_updates} in total"
+            )
+            if self.consecutive_skipped_updates >= self.hparams.max_consecutive_skips:
+                optimizer.zero_grad(set_to_none=True)
+                raise RuntimeError(
+                    f"{self.consecutive_skipped_updates} consecutive updates were skipped because the loss or the "
+                    f"gradient norm was not finite (model.max_consecutive_skips={self.hparams.max_consecutive_skips});"
+                    " the run is diverging: lower model.lr, tighten model.max_grad_norm or check the rewards"
+                )
         optimizer.zero_grad(set_to_none=True)
         return norm.detach().float().cpu()
 
@@ -564,6 +682,16 @@ class RFTModule(LightningModule):
                 f"{clean(batch['answers'][prompt_idx])} | {float(rewards[row]):.2f} |"
             )
         return "\n".join(lines)
+
+    def on_validation_epoch_start(self) -> None:
+        # Lightning resets logged metrics inside its evaluation context, which may be inference
+        # mode; states created there could not be updated by a later no-grad validation pass.
+        with torch.inference_mode(False):
+            for metric in (self.val_avg, *self.val_pass.values()):
+                metric.reset()
+
+    def on_test_epoch_start(self) -> None:
+        self.on_validation_epoch_start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         rollout, rewards, _ = self._rollout_and_score(batch, training=False)
@@ -636,6 +764,14 @@ def _validate_settings(hp: Any) -> None:
         f"model.max_grad_norm must be > 0 or null, got {hp.max_grad_norm}",
     )
     need(hp.val_num_samples >= 1, f"model.val_num_samples must be >= 1, got {hp.val_num_samples}")
+    need(
+        isinstance(hp.max_consecutive_skips, int) and hp.max_consecutive_skips >= 1,
+        f"model.max_consecutive_skips must be an integer >= 1, got {hp.max_consecutive_skips!r}",
+    )
+    need(
+        hp.fsdp_param_dtype in (None, "bfloat16", "float16", "float32"),
+        f"model.fsdp_param_dtype must be bfloat16|float16|float32 or null, got {hp.fsdp_param_dtype!r}",
+    )
     for k in hp.val_pass_k or []:
         need(
             1 <= k <= hp.val_num_samples,

@@ -19,6 +19,7 @@ __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
     "exact_match_reward",
+    "final_answer",
     "last_boxed_content",
     "math_verify_reward",
     "resolve_reward_fn",
@@ -102,6 +103,22 @@ def _math_verify_api() -> tuple[Callable[..., Any], Callable[..., Any], str | No
     return parse, verify, parse_timeout, verify_timeout, TimeoutException
 
 
+def final_answer(text: str) -> str | None:
+    """The completion's final answer: the last ``\\boxed{}``, else the text after the last ``Answer:``.
+
+    The ``Answer:`` line is the format DAPO-Math-17k prompts ask for ("The last line of your response
+    should be of the form Answer: $Answer"), as verl's ``math_dapo`` scorer reads it.
+    """
+    boxed = last_boxed_content(text)
+    if boxed is not None:
+        return boxed
+    marker = text.rfind("Answer:")
+    if marker < 0:
+        return None
+    line = text[marker + len("Answer:") :].split("\n", 1)[0].strip().strip("$").strip()
+    return line or None
+
+
 def _gold_latex(answer: str) -> str:
     """Ground truth as a ``\\boxed{}`` expression: drop surrounding ``$`` and an existing box."""
     text = answer.strip()
@@ -112,7 +129,9 @@ def _gold_latex(answer: str) -> str:
 
 
 def math_verify_reward(completions: list[str], answers: list[str]) -> list[float]:
-    """1.0 where the last ``\\boxed{}`` of the completion is mathematically equal to the answer, else 0.0.
+    """1.0 where the completion's final answer is mathematically equal to the answer, else 0.0.
+
+    The final answer is the last ``\\boxed{}``, or else the last ``Answer:`` line (:func:`final_answer`).
 
     Equality is ``math_verify.verify(parse(gold), parse(prediction))``, which accepts e.g.
     ``\\boxed{\\frac{1}{2}}`` for ``"0.5"`` or ``"1/2"``. A completion without a complete box, or any
@@ -130,7 +149,7 @@ def math_verify_reward(completions: list[str], answers: list[str]) -> list[float
     gold_cache: dict[str, Any] = {}  # a GRPO group repeats each answer K times: parse it once
     rewards = []
     for completion, answer in zip(completions, answers, strict=True):
-        predicted = last_boxed_content(completion)
+        predicted = final_answer(completion)
         if predicted is None or not predicted.strip():
             rewards.append(0.0)
             continue

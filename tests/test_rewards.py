@@ -85,6 +85,11 @@ def test_last_boxed_content(text: str, expected: str | None) -> None:
         (r"\boxed{34", "34", 0.0),  # unclosed box
         (r"\boxed{}", "34", 0.0),
         (r"\boxed{\frac{(}{}", "34", 0.0),  # garbage inside the box
+        ("Step 1 ...\nAnswer: 34", "34", 1.0),  # DAPO-Math-17k's "Answer:" line
+        ("Answer: 12\nno wait\nAnswer: $\\frac{1}{2}$", "0.5", 1.0),  # the last Answer: line counts
+        ("Answer: 35", "34", 0.0),
+        (r"Answer: 12 but \boxed{34}", "34", 1.0),  # a box takes precedence
+        ("Answer:", "34", 0.0),
     ],
 )
 def test_math_verify_reward_single(completion: str, answer: str, expected: float) -> None:

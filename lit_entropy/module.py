@@ -31,7 +31,12 @@ from lit_entropy.functional.kl import kl_penalty
 from lit_entropy.functional.masked import masked_mean
 from lit_entropy.functional.policy_loss import LOSS_AGG_MODES, aggregate_loss, policy_loss, value_loss
 from lit_entropy.metrics import AvgAtK, ClipRatio, PassAtK, TokenEntropy
-from lit_entropy.protocol import TokenMaskContext, collect_keep_mask, required_token_mask_fields
+from lit_entropy.protocol import (
+    TokenMaskContext,
+    collect_keep_mask,
+    collect_token_penalty,
+    required_token_mask_fields,
+)
 from lit_entropy.rewards import resolve_reward_fn
 from lit_entropy.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingConfig
 
@@ -55,6 +60,7 @@ class _Experience:
     old_values: Tensor | None  # [N, T] (PPO)
     returns: Tensor | None  # [N, T] (PPO)
     loss_mask: Tensor  # [N, T] bool: response mask AND every callback's keep mask
+    penalty: Tensor | None = None  # [N, T] coefficients of |log p - log p_old| from penalty providers
 
     def rows(self, index: Tensor) -> dict[str, Tensor | None]:
         """The update-time tensors of the selected rows."""
@@ -68,6 +74,7 @@ class _Experience:
             "old_values": pick(self.old_values),
             "returns": pick(self.returns),
             "loss_mask": self.loss_mask[index],
+            "penalty": pick(self.penalty),
         }
 
 
@@ -206,6 +213,8 @@ class RFTModule(LightningModule):
         self.val_avg = AvgAtK()
         self.val_pass = nn.ModuleDict({str(kk): PassAtK(kk) for kk in self.val_pass_k})
         self.num_skipped_updates = 0
+        # Mutable so that controllers (e.g. an adaptive entropy bonus callback) can steer it.
+        self.entropy_coef = float(entropy_coef)
         self.consecutive_skipped_updates = 0
         self.export_path: str | None = None  # where the last export went
 
@@ -480,6 +489,7 @@ class RFTModule(LightningModule):
             old_logprobs=cat("logp"),
         )
         keep = collect_keep_mask(self._trainer, self, context)
+        penalty = collect_token_penalty(self._trainer, self, context)
         return _Experience(
             rollout=rollout,
             rewards=rewards,
@@ -492,6 +502,7 @@ class RFTModule(LightningModule):
             old_values=old_values,
             returns=returns,
             loss_mask=keep,
+            penalty=penalty,
         )
 
     # ---------------------------------------------------------------- update
@@ -534,9 +545,15 @@ class RFTModule(LightningModule):
             kl = aggregate_loss(kl_penalty(stats.logprobs, mb["ref_logprobs"], kind=hp.kl_type), mask, **agg)
             loss = loss + hp.kl_coef * kl
             terms["kl"] = kl.detach()
-        if hp.entropy_coef != 0:
+        if self.entropy_coef != 0:
             bonus = aggregate_loss(stats.entropy, mask, **agg)
-            loss = loss - hp.entropy_coef * bonus
+            loss = loss - self.entropy_coef * bonus
+            terms["entropy_bonus"] = bonus.detach()
+        if mb["penalty"] is not None:
+            log_ratio = (stats.logprobs - mb["old_logprobs"]).abs()
+            penalty = aggregate_loss(mb["penalty"] * log_ratio, mask, **agg)
+            loss = loss + penalty
+            terms["token_penalty"] = penalty.detach()
         if self.value_head is not None:
             values = self._values(mb["sequences"], mb["attention_mask"], response_len, states)
             v_loss, v_clip = value_loss(
@@ -644,6 +661,7 @@ class RFTModule(LightningModule):
             "train/loss_token_frac": exp.loss_mask.sum() / mask.sum().clamp(min=1),
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
             "train/skipped_updates": torch.tensor(float(self.num_skipped_updates)),
+            "train/entropy_coef": torch.tensor(self.entropy_coef),
         }
         logs.update({f"train/{k}": torch.tensor(v) for k, v in terms.items()})
         if self.ref_model is not None and "kl" not in terms:

@@ -28,9 +28,12 @@ __all__ = [
     "TokenMaskContext",
     "TokenMaskProvider",
     "TokenMaskingModule",
+    "TokenPenaltyProvider",
     "collect_keep_mask",
+    "collect_token_penalty",
     "required_token_mask_fields",
     "token_mask_providers",
+    "token_penalty_providers",
 ]
 
 
@@ -83,6 +86,17 @@ class TokenMaskProvider(Protocol):
 
 
 @runtime_checkable
+class TokenPenaltyProvider(Protocol):
+    """A callback that adds a per-token penalty ``coef * |log p - log p_old|`` to the policy loss (e.g. KL-Cov)."""
+
+    required_fields: frozenset[str]
+
+    def token_penalty(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
+        """Return a float ``[B, T]`` coefficient per token (0 = no penalty). Called on every rank."""
+        ...
+
+
+@runtime_checkable
 class TokenMaskingModule(Protocol):
     """A LightningModule that asks :class:`TokenMaskProvider` callbacks for keep masks."""
 
@@ -96,10 +110,15 @@ def token_mask_providers(trainer: Any) -> list[TokenMaskProvider]:
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenMaskProvider)]
 
 
+def token_penalty_providers(trainer: Any) -> list[TokenPenaltyProvider]:
+    """The trainer's callbacks that implement :class:`TokenPenaltyProvider`, in callback order."""
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenPenaltyProvider)]
+
+
 def required_token_mask_fields(trainer: Any) -> frozenset[str]:
     """Union of the fields all providers need: tells the module what its no-grad pass must compute."""
     needed: frozenset[str] = frozenset()
-    for provider in token_mask_providers(trainer):
+    for provider in [*token_mask_providers(trainer), *token_penalty_providers(trainer)]:
         needed |= frozenset(provider.required_fields)
     return needed
 
@@ -120,3 +139,20 @@ def collect_keep_mask(trainer: Any, pl_module: Any, context: TokenMaskContext) -
             )
         keep &= provided
     return keep
+
+
+def collect_token_penalty(trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor | None:
+    """Sum of every penalty provider's per-token coefficients, or None when there is none. Call it on every rank.
+
+    The module adds ``aggregate(coef * |log p - log p_old|)`` to its loss for every update epoch.
+    """
+    total: Tensor | None = None
+    for provider in token_penalty_providers(trainer):
+        coef = provider.token_penalty(trainer, pl_module, context)
+        if coef.shape != context.mask.shape:
+            raise ValueError(
+                f"{type(provider).__name__}.token_penalty returned shape {tuple(coef.shape)}, "
+                f"expected {tuple(context.mask.shape)}"
+            )
+        total = coef.float() if total is None else total + coef.float()
+    return total

@@ -231,7 +231,7 @@ class RFTModule(LightningModule):
 
         dtype = None if self.hparams.model_dtype == "auto" else getattr(torch, self.hparams.model_dtype)
         load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")  # noqa: E731
-        self.policy = load(self.model_name_or_path)
+        self.policy = load(self.model_name_or_path).train()  # from_pretrained returns eval mode
         self.policy.config.use_cache = False
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

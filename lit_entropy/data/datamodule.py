@@ -17,6 +17,8 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lit_entropy.data.sampler import ResumableDataLoader, ResumableDistributedSampler
+
 __all__ = ["ARITHMETIC_DATASET", "PromptCollator", "PromptDataModule", "PromptDataset"]
 
 #: Name of the embedded synthetic task accepted by ``train_dataset`` / ``val_dataset``.
@@ -356,16 +358,30 @@ class PromptDataModule(LightningDataModule):
             self._val_data = self._build("val")
 
     def train_dataloader(self) -> DataLoader:
-        """Training prompts: shuffled from ``seed`` (Lightning swaps in a DistributedSampler under DDP)."""
+        """Training prompts, shuffled from ``seed``, this data-parallel rank's share; resumable mid-epoch.
+
+        The loader is a :class:`~lit_entropy.data.sampler.ResumableDataLoader`: Lightning checkpoints its
+        position, so ``fit(ckpt_path=...)`` continues with the next unseen batch.
+        """
         if self._train_data is None:
             self.setup("fit")
         assert self._train_data is not None
-        generator = torch.Generator().manual_seed(self.seed) if self.shuffle else None
-        return DataLoader(
+        sampler_kwargs = getattr(self.trainer, "distributed_sampler_kwargs", None) or {}
+        sampler = ResumableDistributedSampler(
+            self._train_data,
+            num_replicas=int(sampler_kwargs.get("num_replicas", 1)),
+            rank=int(sampler_kwargs.get("rank", 0)),
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=True,
+        )
+        return ResumableDataLoader(
             self._train_data,
             batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            generator=generator,
+            sampler=sampler,
+            # Iterator creation draws the worker base seed from this generator, not from the global RNG
+            # that a resume restores.
+            generator=torch.Generator().manual_seed(self.seed),
             drop_last=True,  # GRPO batches of a fixed prompt count keep per-step cost and statistics comparable
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

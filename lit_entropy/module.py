@@ -247,7 +247,7 @@ class RFTModule(LightningModule):
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed)
             from lit_entropy.distributed import shard_models
 
-            shard_models(self, self.device_mesh["data_parallel"], self._fsdp_param_dtype())
+            shard_models(self, self.device_mesh, self._fsdp_param_dtype())
             # FSDP2 loads model states strictly and the frozen reference is not in checkpoints.
             self.strict_loading = self.ref_model is None
 
@@ -712,6 +712,13 @@ class RFTModule(LightningModule):
         self.on_validation_epoch_start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: dict[str, Any], prefix: str) -> None:
+        """Sample K completions per prompt and log Avg@K, Pass@k, reward and length under ``prefix``."""
         rollout, rewards, _ = self._rollout_and_score(batch, training=False)
         k = self.hparams.val_num_samples
         correct = (rewards >= 1.0).view(-1, k)
@@ -719,20 +726,12 @@ class RFTModule(LightningModule):
         for metric in self.val_pass.values():
             metric.update(correct)
         size = correct.shape[0]
-        self.log(f"val/avg@{k}", self.val_avg, on_epoch=True, prog_bar=True, batch_size=size)
+        self.log(f"{prefix}/avg@{k}", self.val_avg, on_epoch=True, prog_bar=True, batch_size=size)
         for kk, metric in self.val_pass.items():
-            self.log(f"val/pass@{kk}", metric, on_epoch=True, batch_size=size)
-        self.log("val/reward_mean", rewards.mean(), on_epoch=True, batch_size=size, sync_dist=True)
-        self.log(
-            "val/response_length",
-            rollout.response_mask.sum(-1).float().mean(),
-            on_epoch=True,
-            batch_size=size,
-            sync_dist=True,
-        )
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.validation_step(batch, batch_idx)
+            self.log(f"{prefix}/pass@{kk}", metric, on_epoch=True, batch_size=size)
+        self.log(f"{prefix}/reward_mean", rewards.mean(), on_epoch=True, batch_size=size, sync_dist=True)
+        lengths = rollout.response_mask.sum(-1).float().mean()
+        self.log(f"{prefix}/response_length", lengths, on_epoch=True, batch_size=size, sync_dist=True)
 
 
 def _validate_settings(hp: Any) -> None:

@@ -94,3 +94,46 @@ def test_bad_settings_fail_before_training(override, message, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=message):
         cli_main(["--config", str(CONFIGS[0]), *override], run=False)
+
+
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
+    """The README command on a few batches: val at step 0, train tags, a checkpoint that `validate` reads."""
+    monkeypatch.chdir(tmp_path)
+    short = [
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=3",
+        "--trainer.val_check_interval=3",
+        "--trainer.enable_progress_bar=false",
+        "--data.num_train_examples=64",
+        "--data.num_val_examples=16",
+        "--data.val_batch_size=16",
+    ]
+    cli_main(["fit", "--config", str(CONFIGS[[p.name for p in CONFIGS].index("clip_b_tiny.yaml")]), *short])
+    log_dir = tmp_path / "runs" / "clip_b_tiny" / "version_0"
+    scalars = _scalars(log_dir)
+    assert [step for step, _ in scalars["val/avg@8"]] == [0, 2], "validation before training, then after 3 steps"
+    for tag in ("train/reward_mean", "train/entropy", "train/clip_ratio", "train/entropy_clip_frac", "train/lr"):
+        assert len(scalars[tag]) == 3, tag
+    assert (log_dir / "config.yaml").exists()
+    checkpoints = sorted((log_dir / "checkpoints").glob("*.ckpt"))
+    assert checkpoints
+    cli_main(
+        [
+            "validate",
+            "--config",
+            str(CONFIGS[[p.name for p in CONFIGS].index("clip_b_tiny.yaml")]),
+            "--ckpt_path",
+            str(checkpoints[-1]),
+            "--trainer.logger=false",
+            "--data.num_val_examples=16",
+            "--data.val_batch_size=16",
+        ]
+    )

@@ -1,0 +1,569 @@
+"""Time per training step and generated tokens/s: lit_entropy GRPO / Clip_B / Clip_V vs TRL's GRPOTrainer (CPU).
+
+lit_entropy runs are built from ``configs/{grpo,clip_b,clip_v}_tiny.yaml`` through the CLI (no logger,
+checkpointing or validation). TRL's ``GRPOTrainer`` (optional: ``pip install trl accelerate``) is configured
+to do the same work per step: the same model directory, arithmetic training prompts, group size, generation
+length, temperature, batch (prompts x completions per optimizer step), one update per rollout batch, no
+reference model, token-mean (``dapo``) loss, the same clip ratios, learning rate, gradient clipping and
+plain (non-fused) AdamW.
+
+A step is timed from ``on_train_batch_start`` to ``on_train_batch_end`` (Lightning) or from
+``on_step_begin`` to ``on_step_end`` (TRL): generation, scoring, the forward/backward passes and the
+optimizer step. The first ``--warmup`` steps of every run are dropped. Generated tokens are counted per
+completion up to and including the first EOS (both frameworks count them so). Sampled lengths drift apart
+as the policies diverge, so the time per generated token is reported next to the time per step.
+
+The machine may be shared, so by default the runs are interleaved step by step: every run trains in its
+own thread, and a baton lets exactly one of them work at a time, handing over between steps in a rotating
+order (grpo, clip_b, clip_v, trl; then clip_b, clip_v, trl, grpo; ...). Background load then hits every
+variant alike. ``--sequential`` runs them one after another instead.
+
+Ratios are measured in the same process, never asserted: ``clip_x / grpo`` (the Clip_V target is
+<= 1.05) and ``lit_entropy / TRL`` (target <= 1.0), each as the ratio of median step times, as the
+median of per-step ratios of interleaved steps ("paired", the least noisy on a loaded machine) and per
+generated token. ``--threads`` defaults to 1: on a small shared machine extra intra-op threads mostly
+add noise.
+
+Example::
+
+    python scripts/bench_step.py --steps 40 --warmup 3 --threads 1 --json bench_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+__all__ = [
+    "LIT_VARIANTS",
+    "Baton",
+    "RunTimes",
+    "Settings",
+    "format_table",
+    "main",
+    "prepare_lit_entropy",
+    "prepare_trl",
+    "summarize",
+]
+
+#: lit_entropy variants and their config files (identical but for the clipping callback).
+LIT_VARIANTS: dict[str, str] = {
+    "grpo": "configs/grpo_tiny.yaml",
+    "clip_b": "configs/clip_b_tiny.yaml",
+    "clip_v": "configs/clip_v_tiny.yaml",
+}
+
+
+@dataclass
+class RunTimes:
+    """Measured steps of one run (warm-up excluded): wall seconds and generated tokens per step."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    rollouts: list[int] = field(default_factory=list)  # completions per rollout, every step (warm-up included)
+
+
+@dataclass
+class Settings:
+    """What both frameworks are configured with (read from ``configs/grpo_tiny.yaml`` unless overridden)."""
+
+    model_dir: str
+    batch_size: int  # prompts per optimizer step
+    group_size: int  # completions per prompt
+    max_new_tokens: int
+    temperature: float
+    clip_ratio_low: float
+    clip_ratio_high: float
+    lr: float
+    max_grad_norm: float
+    num_train_examples: int
+    seed: int
+
+
+class Baton:
+    """Lets one of several training threads work at a time, handing over between steps in a rotating order.
+
+    A run calls :meth:`start` before it builds anything, :meth:`take` at the start of every step (it first
+    hands the baton on when it holds it, so its between-step work also ran alone) and :meth:`leave` when it
+    ends. Runs start up one at a time (``from_pretrained`` is not thread-safe: concurrent loads leave meta
+    tensors behind), and no step starts before every run has reached its first step. Disabled (``None``
+    names) it does nothing.
+    """
+
+    def __init__(self, names: list[str] | None) -> None:
+        self.enabled = names is not None
+        self.active = list(names or [])
+        self.queue: list[str] = list(self.active)
+        self.arrived: set[str] = set()
+        self.cycle = 0
+        self.holder: str | None = None
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        self.startup = threading.Lock()
+        self.starting: str | None = None
+
+    def start(self, name: str) -> None:
+        """Block until no other run is starting up (released by ``name``'s first :meth:`take`)."""
+        if self.enabled:
+            self.startup.acquire()
+            self.starting = name
+
+    def _end_startup(self, name: str) -> None:
+        if self.starting == name:
+            self.starting = None
+            self.startup.release()
+
+    def _advance(self) -> None:
+        self.queue.pop(0)
+        self._refill()
+
+    def _refill(self) -> None:
+        # Each cycle starts one place further along, so no run always follows the same other run.
+        if not self.queue and self.active:
+            self.cycle += 1
+            k = self.cycle % len(self.active)
+            self.queue = self.active[k:] + self.active[:k]
+
+    def take(self, name: str) -> None:
+        """Block until it is ``name``'s turn."""
+        if not self.enabled:
+            return
+        self._end_startup(name)
+        with self.cond:
+            if self.holder == name:
+                self.holder = None
+                self._advance()
+            self.arrived.add(name)
+            self.cond.notify_all()
+            self.cond.wait_for(
+                lambda: self.error is not None or (self.arrived >= set(self.active) and self.queue[0] == name)
+            )
+            if self.error is not None:
+                raise RuntimeError(f"{name}: stopped because another run failed") from self.error
+            self.holder = name
+
+    def leave(self, name: str, error: BaseException | None = None) -> None:
+        """``name`` is done (or failed with ``error``, which stops every other run)."""
+        if not self.enabled:
+            return
+        self._end_startup(name)
+        with self.cond:
+            if error is not None and self.error is None:
+                self.error = error
+            if name in self.active:
+                self.active.remove(name)
+                self.arrived.discard(name)
+                if name in self.queue:
+                    self.queue.remove(name)
+                    self._refill()
+                if self.holder == name:
+                    self.holder = None
+            self.cond.notify_all()
+
+
+def _read_settings(args: argparse.Namespace) -> Settings:
+    import yaml
+
+    from lit_entropy.assets import default_model_path
+
+    cfg = yaml.safe_load((REPO / LIT_VARIANTS["grpo"]).read_text())
+    model, data = cfg["model"], cfg["data"]
+    return Settings(
+        model_dir=args.model_dir or model["model_name_or_path"] or default_model_path(),
+        batch_size=args.batch_size or data["batch_size"],
+        group_size=args.group_size or model["group_size"],
+        max_new_tokens=args.max_new_tokens or model["max_new_tokens"],
+        temperature=float(model["temperature"]),
+        clip_ratio_low=float(model["clip_ratio_low"]),
+        clip_ratio_high=float(model["clip_ratio_high"]),
+        lr=float(model["lr"]),
+        max_grad_norm=float(model["max_grad_norm"]),
+        num_train_examples=int(data["num_train_examples"]),
+        seed=int(cfg["seed_everything"]),
+    )
+
+
+class _Recorder:
+    """Shared timing logic of both frameworks' callbacks."""
+
+    def __init__(self, run: RunTimes, warmup: int, baton: Baton) -> None:
+        self.run, self.warmup, self.baton = run, warmup, baton
+        self.start = 0.0
+        self.tokens = 0
+        self.index = 0
+
+    def begin(self) -> None:
+        self.baton.take(self.run.name)
+        self.tokens = 0
+        self.start = time.perf_counter()
+
+    def end(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        if len(self.run.rollouts) != self.index + 1:
+            raise RuntimeError(f"{self.run.name}: step {self.index} ran {len(self.run.rollouts) - self.index} rollouts")
+        if self.index >= self.warmup:
+            self.run.seconds.append(elapsed)
+            self.run.tokens.append(self.tokens)
+        self.index += 1
+
+
+# ----------------------------------------------------------------------------------------- lit_entropy
+def _lit_callback(recorder: _Recorder) -> Any:
+    from lightning.pytorch import Callback
+
+    class StepTimer(Callback):
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            # The engine is created in the module's setup(); wrap it to count response tokens per step.
+            engine = pl_module.rollout_engine
+            generate = engine.generate
+
+            def counting_generate(*a: Any, **k: Any) -> Any:
+                batch = generate(*a, **k)
+                recorder.tokens += int(batch.response_mask.sum())
+                recorder.run.rollouts.append(batch.response_mask.shape[0])
+                return batch
+
+            engine.generate = counting_generate
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            recorder.begin()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            recorder.end()
+
+    return StepTimer()
+
+
+def prepare_lit_entropy(
+    variant: str, settings: Settings, steps: int, warmup: int, baton: Baton, stack: contextlib.ExitStack
+) -> tuple[RunTimes, Callable[[], None]]:
+    """Build the variant's trainer (config + shared settings, no logger/checkpoints/validation); return the fit."""
+    from lit_entropy.cli import cli_main
+
+    if variant not in LIT_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(LIT_VARIANTS)}, got {variant!r}")
+    batches = warmup + steps
+    available = settings.num_train_examples // settings.batch_size
+    if batches > available:
+        raise ValueError(f"--steps + --warmup = {batches} exceeds the {available} training batches of one epoch")
+    root = stack.enter_context(tempfile.TemporaryDirectory())
+    overrides = [
+        f"--model.model_name_or_path={settings.model_dir}",
+        f"--model.group_size={settings.group_size}",
+        f"--model.max_new_tokens={settings.max_new_tokens}",
+        f"--data.batch_size={settings.batch_size}",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.limit_train_batches={batches}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.val_check_interval=1.0",  # the config's interval may exceed the batch count
+        "--trainer.max_epochs=1",
+    ]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it also sees this script's arguments
+    try:
+        cli = cli_main(["--config", str(REPO / LIT_VARIANTS[variant]), *overrides], run=False)
+    finally:
+        sys.argv = argv
+    run = RunTimes(variant)
+    cli.trainer.callbacks.append(_lit_callback(_Recorder(run, warmup, baton)))
+    return run, lambda: cli.trainer.fit(cli.model, cli.datamodule)
+
+
+# ----------------------------------------------------------------------------------------------- TRL
+def prepare_trl(
+    settings: Settings, steps: int, warmup: int, baton: Baton, stack: contextlib.ExitStack
+) -> tuple[RunTimes, Callable[[], None]]:
+    """Build TRL's ``GRPOTrainer`` with settings matching lit_entropy's; return its ``train``."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lit_entropy.data.arithmetic import make_arithmetic_examples
+    from lit_entropy.rewards import exact_match_reward
+
+    run = RunTimes("trl")
+    recorder = _Recorder(run, warmup, baton)
+
+    def arithmetic_reward(completions: list[str], answer: list[str], completion_ids: list[list[int]], **_: Any):
+        # completion_ids are cut after the first EOS (EOS included), like lit_entropy's response mask.
+        recorder.tokens += sum(len(ids) for ids in completion_ids)
+        recorder.run.rollouts.append(len(completion_ids))
+        return exact_match_reward(completions, answer)
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            recorder.begin()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            recorder.end()
+
+    rows = settings.batch_size * settings.group_size
+    prompts = make_arithmetic_examples("train", settings.num_train_examples, seed=settings.seed)
+    config = GRPOConfig(
+        output_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+        model_init_kwargs={"dtype": "float32"},
+        # One optimizer step = one generation batch of `rows` completions (batch_size prompts x group_size).
+        per_device_train_batch_size=rows,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        num_generations=settings.group_size,
+        max_completion_length=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,  # no reference model (kl_coef 0)
+        loss_type="dapo",  # token-mean over the batch
+        scale_rewards="group",
+        epsilon=settings.clip_ratio_low,
+        epsilon_high=settings.clip_ratio_high,
+        learning_rate=settings.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",  # lit_entropy uses torch.optim.AdamW (not fused)
+        max_grad_norm=settings.max_grad_norm,
+        max_steps=warmup + steps,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        logging_steps=10**6,
+        save_strategy="no",
+        log_completions=False,
+        disable_tqdm=True,
+        seed=settings.seed,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=settings.model_dir,
+        reward_funcs=arithmetic_reward,
+        args=config,
+        train_dataset=Dataset.from_list(prompts),
+        callbacks=[StepTimer()],
+    )
+    return run, trainer.train
+
+
+# ------------------------------------------------------------------------------------------- summary
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def summarize(runs: dict[str, RunTimes], *, paired: bool = True) -> dict[str, dict[str, float]]:
+    """Per run: median and IQR of s/step, generated tokens per step and per second, ms per token, ratios.
+
+    Throughputs use the median step time (robust to the odd step slowed by other processes):
+    ``tokens_per_s = tokens_per_step / median``, ``ms_per_token = 1e3 * median / tokens_per_step`` with
+    ``tokens_per_step`` the mean. ``step_vs_<base>`` is the ratio of median s/step, ``token_vs_<base>``
+    the ratio of ms per token and, with ``paired`` (interleaved runs: step i of each ran in the same
+    rotation cycle) and as many steps in both runs, ``paired_vs_<base>`` the median of the per-step
+    ratios, which cancels slow drifts of the machine's load. The bases are lit_entropy ``grpo`` (for
+    the other lit_entropy variants) and ``trl``.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, run in runs.items():
+        if not run.seconds or len(run.seconds) != len(run.tokens):
+            raise ValueError(f"run {name!r} needs one token count per measured step, got {run}")
+        q1, med, q3 = _quartiles(run.seconds)
+        tokens_per_step = sum(run.tokens) / len(run.tokens)
+        out[name] = {
+            "steps": len(run.seconds),
+            "s_per_step_median": med,
+            "s_per_step_q1": q1,
+            "s_per_step_q3": q3,
+            "tokens_per_step": tokens_per_step,
+            "tokens_per_s": tokens_per_step / med,
+            "ms_per_token": 1e3 * med / max(tokens_per_step, 1e-12),
+        }
+    for base_key in ("grpo", "trl"):
+        if base_key not in out:
+            continue
+        base = out[base_key]
+        for name, row in out.items():
+            if name == base_key or (base_key == "grpo" and name == "trl"):
+                continue
+            row[f"step_vs_{base_key}"] = row["s_per_step_median"] / base["s_per_step_median"]
+            row[f"token_vs_{base_key}"] = row["ms_per_token"] / base["ms_per_token"]
+            mine, theirs = runs[name].seconds, runs[base_key].seconds
+            if paired and len(mine) == len(theirs):
+                row[f"paired_vs_{base_key}"] = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+    return out
+
+
+def format_table(summary: dict[str, dict[str, float]]) -> str:
+    """Markdown table of :func:`summarize`'s output."""
+    header = (
+        "| variant | steps | s/step median [IQR] | gen tokens/step | gen tokens/s | ms/gen token "
+        "| step vs grpo | paired vs grpo | token vs grpo | step vs TRL | paired vs TRL | token vs TRL |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    ratio = lambda row, key: f"{row[key]:.3f}" if key in row else "-"  # noqa: E731
+    for name, row in summary.items():
+        lines.append(
+            f"| {name} | {row['steps']} | {row['s_per_step_median']:.4f} "
+            f"[{row['s_per_step_q1']:.4f}, {row['s_per_step_q3']:.4f}] | {row['tokens_per_step']:.1f} "
+            f"| {row['tokens_per_s']:.0f} | {row['ms_per_token']:.4f} | "
+            + " | ".join(
+                ratio(row, f"{kind}_vs_{base}") for base in ("grpo", "trl") for kind in ("step", "paired", "token")
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def _run_all(jobs: dict[str, Callable[[], None]], baton: Baton, threads: int) -> None:
+    """Run the jobs: in threads sharing ``baton`` when it is enabled, else one after another."""
+    if not baton.enabled:
+        for job in jobs.values():
+            job()
+        return
+    errors: dict[str, BaseException] = {}
+
+    def work(name: str, job: Callable[[], None]) -> None:
+        torch.set_num_threads(threads)  # intra-op settings are per thread with OpenMP
+        try:
+            baton.start(name)
+            job()
+        except BaseException as err:  # noqa: BLE001 - reported below, and the others must stop
+            errors[name] = err
+            baton.leave(name, err)
+        else:
+            baton.leave(name)
+
+    workers = [threading.Thread(target=work, args=item, name=f"bench-{item[0]}", daemon=True) for item in jobs.items()]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        first = next((e for e in errors.values() if "another run failed" not in str(e)), None)
+        raise RuntimeError(f"benchmark runs failed: {sorted(errors)}") from first
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="steps dropped at the start of every run")
+    p.add_argument("--variants", nargs="+", default=list(LIT_VARIANTS), choices=list(LIT_VARIANTS))
+    p.add_argument("--skip-trl", action="store_true", help="do not run TRL's GRPOTrainer")
+    p.add_argument("--sequential", action="store_true", help="run one variant after another, not interleaved")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the same for every run)")
+    p.add_argument("--model-dir", default=None, help="model directory (default: the shipped tiny model)")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per step (default: the config's)")
+    p.add_argument("--group-size", type=int, default=None, help="completions per prompt (default: the config's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="completion limit (default: the config's)")
+    p.add_argument("--json", type=Path, default=None, help="write per-step times and the summary here")
+    p.add_argument("--verbose", action="store_true", help="keep the frameworks' own output")
+    args = p.parse_args(argv)
+    for name in ("steps", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    for name in ("batch_size", "group_size", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Run the benchmark, print the settings and the table, return the summary."""
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+    settings = _read_settings(args)
+    trl_version = None
+    if not args.skip_trl:
+        try:
+            import trl
+        except ImportError as err:
+            raise SystemExit(f"TRL is not installed ({err}); pip install trl accelerate, or pass --skip-trl") from err
+        trl_version = trl.__version__
+    names = list(dict.fromkeys(args.variants)) + ([] if args.skip_trl else ["trl"])
+    baton = Baton(None if args.sequential else names)
+    quiet = not args.verbose
+    sink = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if quiet:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            for name in ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "trl", "accelerate"):
+                logger = logging.getLogger(name)
+                stack.callback(logger.setLevel, logger.level)
+                logger.setLevel(logging.ERROR)
+            stack.enter_context(contextlib.redirect_stdout(sink))
+            stack.enter_context(contextlib.redirect_stderr(sink))
+        runs: dict[str, RunTimes] = {}
+        jobs: dict[str, Callable[[], None]] = {}
+        for name in names:
+            if name == "trl":
+                runs[name], jobs[name] = prepare_trl(settings, args.steps, args.warmup, baton, stack)
+            else:
+                runs[name], jobs[name] = prepare_lit_entropy(name, settings, args.steps, args.warmup, baton, stack)
+        try:
+            _run_all(jobs, baton, args.threads)
+        except BaseException:
+            if quiet:
+                sys.__stderr__.write(sink.getvalue()[-5000:])
+            raise
+    rows = settings.batch_size * settings.group_size
+    for name, run in runs.items():
+        if len(run.seconds) != args.steps:
+            raise RuntimeError(f"{name}: measured {len(run.seconds)} steps, expected {args.steps}")
+        if set(run.rollouts) != {rows}:
+            raise RuntimeError(f"{name}: rollouts of {sorted(set(run.rollouts))} completions, expected {rows} each")
+    summary = summarize(runs, paired=not args.sequential)
+    mode = "sequential" if args.sequential else "interleaved step by step"
+    print(
+        f"settings: {asdict(settings)}\nthreads={args.threads}, warmup={args.warmup}, steps={args.steps}, {mode}, "
+        f"torch {torch.__version__}, trl {trl_version}"
+    )
+    print(format_table(summary))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "settings": asdict(settings),
+                    "threads": args.threads,
+                    "interleaved": not args.sequential,
+                    "trl_version": trl_version,
+                    "torch_version": torch.__version__,
+                    "summary": summary,
+                    "runs": {name: asdict(run) for name, run in runs.items()},
+                },
+                indent=2,
+            )
+        )
+    return summary
+
+
+if __name__ == "__main__":
+    main()

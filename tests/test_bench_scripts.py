@@ -1,0 +1,124 @@
+"""scripts/bench_step.py: the interleaving baton, the summary arithmetic, and a tiny end-to-end run (no TRL)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_step.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_step"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_fake(bench, steps: dict[str, int], fail_at: tuple[str, int] | None = None):
+    """Threads that take the baton once per step, recording (name, step) in the order they got it."""
+    baton = bench.Baton(list(steps))
+    order: list[tuple[str, int]] = []
+    errors: dict[str, BaseException] = {}
+
+    def work(name: str) -> None:
+        baton.start(name)
+        try:
+            for i in range(steps[name]):
+                baton.take(name)
+                order.append((name, i))
+                if fail_at == (name, i):
+                    raise ValueError("boom")
+        except BaseException as err:  # noqa: BLE001
+            errors[name] = err
+            baton.leave(name, err)
+        else:
+            baton.leave(name)
+
+    threads = [threading.Thread(target=work, args=(n,), daemon=True) for n in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "baton deadlocked"
+    return order, errors
+
+
+def test_baton_rotates_and_drops_finished_runs(bench):
+    order, errors = _run_fake(bench, {"a": 3, "b": 2, "c": 3})
+    assert not errors
+    # Worked out by hand: cycle 0 = a b c, cycle 1 starts one later = b c a, then b has finished and
+    # cycle 2 over [a, c] starts at index 2 % 2 = 0 = a c.
+    assert order == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1), ("a", 2), ("c", 2)]
+
+
+def test_baton_failure_stops_the_other_runs(bench):
+    order, errors = _run_fake(bench, {"a": 5, "b": 5}, fail_at=("b", 0))
+    assert isinstance(errors["b"], ValueError)
+    assert isinstance(errors["a"], RuntimeError) and "another run failed" in str(errors["a"])
+    assert order == [("a", 0), ("b", 0)]
+
+
+def test_summarize_against_hand_computed_figures(bench):
+    runs = {
+        "grpo": bench.RunTimes("grpo", [1.0, 2.0, 3.0, 4.0], [10, 10, 10, 10]),
+        "clip_v": bench.RunTimes("clip_v", [2.0, 3.0, 3.0, 5.0], [10, 20, 10, 10]),
+        "trl": bench.RunTimes("trl", [1.0, 1.0, 1.0, 1.0], [5, 5, 5, 5]),
+    }
+    out = bench.summarize(runs)
+    g, v, t = out["grpo"], out["clip_v"], out["trl"]
+    # Medians 2.5, 3.0, 1.0; inclusive quartiles of 1,2,3,4 sit at positions 0.75 and 2.25.
+    assert (g["s_per_step_q1"], g["s_per_step_median"], g["s_per_step_q3"]) == pytest.approx((1.75, 2.5, 3.25))
+    # Throughputs use the median step time and the mean tokens per step (12.5 for clip_v).
+    assert g["tokens_per_step"] == pytest.approx(10.0)
+    assert g["tokens_per_s"] == pytest.approx(10 / 2.5)
+    assert v["ms_per_token"] == pytest.approx(1e3 * 3.0 / 12.5)
+    assert v["step_vs_grpo"] == pytest.approx(3.0 / 2.5)
+    assert v["token_vs_grpo"] == pytest.approx((3.0 / 12.5) / (2.5 / 10))
+    # Paired: per-step ratios 2/1, 3/2, 3/3, 5/4 -> median of (1.0, 1.25, 1.5, 2.0) = 1.375.
+    assert v["paired_vs_grpo"] == pytest.approx(1.375)
+    assert g["step_vs_trl"] == pytest.approx(2.5 / 1.0)
+    assert g["token_vs_trl"] == pytest.approx((2.5 / 10) / (1.0 / 5))
+    assert "step_vs_grpo" not in t and "step_vs_grpo" not in g
+    with pytest.raises(ValueError, match="no_steps"):
+        bench.summarize({"no_steps": bench.RunTimes("no_steps")})
+
+
+def test_bad_arguments_name_the_flag(bench):
+    with pytest.raises(ValueError, match="--steps must be >= 1, got 0"):
+        bench.main(["--steps", "0", "--skip-trl"])
+    with pytest.raises(ValueError, match="--group-size must be >= 1, got -2"):
+        bench.main(["--group-size", "-2", "--skip-trl"])
+
+
+def test_tiny_lit_entropy_run_prints_the_table(bench, tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    args = ["--steps", "2", "--warmup", "1", "--skip-trl", "--threads", "1", "--batch-size", "2"]
+    args += ["--group-size", "2", "--max-new-tokens", "3", "--json", str(out_json)]
+    summary = bench.main(args)
+    printed = capsys.readouterr().out
+    assert "| variant | steps | s/step median [IQR]" in printed
+    for name in ("grpo", "clip_b", "clip_v"):
+        assert f"\n| {name} | 2 | " in printed
+    saved = json.loads(out_json.read_text())
+    assert saved["settings"]["group_size"] == 2 and saved["settings"]["max_new_tokens"] == 3
+    rows = 2 * 2
+    for name in ("grpo", "clip_b", "clip_v"):
+        run = saved["runs"][name]
+        assert len(run["seconds"]) == 2 and all(s > 0 for s in run["seconds"])
+        assert run["rollouts"] == [rows] * 3  # one rollout of batch x group completions per step, warm-up included
+        # Every completion holds 1..max_new_tokens tokens (EOS included).
+        assert all(rows * 1 <= tok <= rows * 3 for tok in run["tokens"])
+        median = sorted(run["seconds"])[0] / 2 + sorted(run["seconds"])[1] / 2
+        assert summary[name]["s_per_step_median"] == pytest.approx(median)
+    g = sorted(saved["runs"]["grpo"]["seconds"])
+    v = sorted(saved["runs"]["clip_v"]["seconds"])
+    assert summary["clip_v"]["step_vs_grpo"] == pytest.approx((v[0] + v[1]) / (g[0] + g[1]))
+    assert "trl" not in summary

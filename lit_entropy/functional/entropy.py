@@ -168,11 +168,19 @@ def _shift_logits(z: Tensor, shift: Tensor, inv_t: float, out: Tensor) -> None:
     torch.add(shift * (-inv_t), z, alpha=inv_t, out=out)
 
 
+# Below this vocabulary size a CPU chunk holds many rows, and a vectorised row dot beats a per-row loop.
+_CPU_DOT_LOOP_MIN_VOCAB = 4096
+
+
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     """``(a * b).sum(-1)`` for ``[r, V]`` operands without a ``[r, V]`` temporary."""
-    if a.device.type == "cpu":
-        # CPU bmm of [r,1,V] @ [r,V,1] is ~20x slower per row than torch.dot for r > 1 (measured).
+    if a.device.type == "cpu" and a.shape[-1] >= _CPU_DOT_LOOP_MIN_VOCAB:
+        # CPU bmm of [r,1,V] @ [r,V,1] is ~20x slower per row than torch.dot for r > 1 (measured at V=151936).
         return torch.stack([torch.dot(a[i], b[i]) for i in range(a.shape[0])])
+    if a.device.type == "cpu":
+        # Small vocabularies come in chunks of thousands of short rows: a Python loop would dominate
+        # (30 ms vs 0.02 ms for 768 rows of V=18, measured), and a [r, V] temporary is tiny.
+        return torch.linalg.vecdot(a, b)
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(a.shape[0])
 
 

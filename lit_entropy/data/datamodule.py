@@ -399,6 +399,9 @@ class PromptDataModule(LightningDataModule):
             self._val_data,
             batch_size=self.val_batch_size,
             shuffle=False,
+            # Creating an iterator draws a worker seed from this generator, not from the global RNG that
+            # training rollouts sample from (exact resume).
+            generator=torch.Generator().manual_seed(self.seed),
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

@@ -1,0 +1,278 @@
+"""Exact resume and safe checkpoints: atomic file writes, RNG states, a checkpoint on Ctrl-C, HF export.
+
+Lightning restores the model, optimizer, LR scheduler, loop progress, callback states and (for a stateful
+loader, :class:`~lit_entropy.data.sampler.ResumableDataLoader`) the data position. It does not save the
+global RNG states, and rollouts sample from them, so :class:`ResumableCheckpointing` stores every rank's
+torch / CUDA / numpy / Python RNG state and restores it when training starts again. The module adds this
+callback itself (``RFTModule.configure_callbacks``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "ResumableCheckpointing",
+    "atomic_directory_replace",
+    "get_rng_state",
+    "set_rng_state",
+]
+
+_RNG_KEY = "lit_entropy_rng_states"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local writes are atomic and durable.
+
+    The checkpoint goes to a temporary file in the target directory, is flushed and fsync'ed, then
+    ``os.replace``'d over the target (atomic on POSIX within one file system), and the directory entry is
+    fsync'ed. A crash mid-write leaves the previous checkpoint intact and at worst a stray ``.tmp`` file.
+    Remote paths (fsspec URLs) use Lightning's transactional write.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise ValueError(f"storage_options is not supported by AtomicCheckpointIO, got {storage_options!r}")
+        if "://" in str(path) and not str(path).startswith("file://"):
+            super().save_checkpoint(checkpoint, path)
+            return
+        target = Path(str(path).removeprefix("file://"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_directory(target.parent)
+
+
+def _fsync_directory(path: Path) -> None:
+    """Persist a rename (not possible on every platform; then the rename is still atomic)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_directory_replace(build: Any, target: str | os.PathLike) -> Path:
+    """Write a directory atomically: ``build(tmp_dir)`` fills a sibling temp dir that then replaces ``target``.
+
+    Readers see either the old directory or the complete new one (the old one is moved aside, the new one
+    renamed in, the old one deleted).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        build(tmp)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        _fsync_directory(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def get_rng_state() -> dict[str, Any]:
+    """This process's torch (CPU and current CUDA device), numpy and Python RNG states."""
+    # Plain containers and tensors only, so ``torch.load(weights_only=True)`` accepts the checkpoint.
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore a state from :func:`get_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ResumableCheckpointing(Callback):
+    """RNG states in checkpoints, atomic checkpoint files, a resumable checkpoint on Ctrl-C.
+
+    * ``setup``: installs :class:`AtomicCheckpointIO` when the strategy uses the plain ``TorchCheckpointIO``
+      (a user's own CheckpointIO is kept).
+    * ``on_save_checkpoint``: stores every rank's RNG state (gathered: only rank 0 writes the file).
+    * ``on_load_checkpoint`` / ``on_train_start``: restores this rank's RNG state just before the first
+      resumed batch, so rollouts sample what the uninterrupted run sampled.
+    * validation inside ``fit`` leaves the training RNG stream unchanged (state taken at the end of the
+      training batch, restored after validation), so a checkpoint written before or after a validation
+      pass, and a resumed run that repeats or skips one, continue the same training stream.
+    * ``on_exception`` with ``KeyboardInterrupt`` (single process): writes ``<log_dir>/checkpoints/interrupted.ckpt``.
+      When the interrupt lands inside a training batch the checkpoint describes the state at the start of
+      that batch (RNG state and data position rewound), so the resumed run redoes the batch. Optimizer
+      steps already taken within the batch (several mini-batches) are kept; with one update per batch
+      (the GRPO default) an interrupt before the step resumes exactly.
+
+    Args:
+        interrupt_checkpoint: write the Ctrl-C checkpoint.
+        atomic_io: install :class:`AtomicCheckpointIO`.
+    """
+
+    def __init__(self, interrupt_checkpoint: bool = True, atomic_io: bool = True) -> None:
+        self.interrupt_checkpoint = interrupt_checkpoint
+        self.atomic_io = atomic_io
+        self.interrupted_path: Path | None = None
+        self._pending: list[dict[str, Any]] | None = None
+        self._step_start_state: dict[str, Any] | None = None
+        self._val_state: dict[str, Any] | None = None
+        self._saving_mid_step = False
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        strategy = trainer.strategy
+        if self.atomic_io and type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = AtomicCheckpointIO()
+
+    # -------------------------------------------------------------- RNG state
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._saving_mid_step:
+            state = self._step_start_state
+        elif trainer.validating and self._val_state is not None:
+            state = self._val_state  # interrupted inside validation: the training stream it will restore
+        else:
+            state = get_rng_state()
+        rank, world = _world()
+        states: list[Any] = [state]
+        if world > 1:
+            states = [None] * world
+            dist.all_gather_object(states, state)
+        checkpoint[_RNG_KEY] = states
+        if self._saving_mid_step:
+            _rewind_loader_position(checkpoint)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._pending = checkpoint.get(_RNG_KEY)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _load_pending_loader_states(trainer)
+        if self._pending:
+            rank, world = _world()
+            if len(self._pending) != world:
+                rank_zero_warn(
+                    f"the checkpoint holds RNG states of {len(self._pending)} ranks but this run has {world}: "
+                    "rank r takes state r mod saved ranks, so rollouts will not repeat the original run's"
+                )
+            set_rng_state(self._pending[rank % len(self._pending)])
+            self._pending = None
+        # A resumed run may validate before its first batch (Lightning repeats an interrupted check).
+        self._val_state = get_rng_state()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_start_state = get_rng_state()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_start_state = None
+        # Snapshot before a validation pass can start: Lightning creates the validation iterator (a draw
+        # from the global RNG) before any validation hook runs.
+        self._val_state = get_rng_state()
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._val_state = get_rng_state()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._val_state is not None and trainer.state.fn == "fit":
+            set_rng_state(self._val_state)
+        self._val_state = None
+
+    # ----------------------------------------------------------------- Ctrl-C
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not self.interrupt_checkpoint or not isinstance(exception, KeyboardInterrupt):
+            return
+        if trainer.world_size > 1:
+            # Saving is collective (FSDP2 gathers shards); ranks interrupted at different points would hang.
+            rank_zero_warn("KeyboardInterrupt with several processes: no interrupt checkpoint written")
+            return
+        if trainer.state.fn != "fit" or (trainer.global_step == 0 and self._step_start_state is None):
+            return
+        root = trainer.log_dir or trainer.default_root_dir
+        path = Path(root) / "checkpoints" / "interrupted.ckpt"
+        self._saving_mid_step = self._step_start_state is not None
+        try:
+            trainer.save_checkpoint(path)
+        finally:
+            self._saving_mid_step = False
+        self.interrupted_path = path
+        rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _load_pending_loader_states(trainer: Trainer) -> None:
+    """Hand the saved data position to the training loader if Lightning has not.
+
+    Lightning restores loader states in ``FitLoop.setup_data`` only while restarting, but a
+    ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` (ours does, for the LR
+    schedule) sets the data up *before* the loops are restored, and the states are then never applied
+    (lightning 2.6). The resumable loader applies a state at its first ``next``, which comes after
+    ``on_train_start``, so loading it here is in time.
+    """
+    fit_loop = trainer.fit_loop
+    states = getattr(fit_loop, "_combined_loader_states_to_load", None)
+    loader = getattr(fit_loop, "_combined_loader", None)
+    if states and loader is not None:
+        loader._load_state_dicts(states)
+        fit_loop._combined_loader_states_to_load = []
+
+
+def _rewind_loader_position(checkpoint: dict[str, Any]) -> None:
+    """Mark the batch in progress as not consumed (Lightning's progress counters already exclude it).
+
+    Lightning adds one to the logging step when it resumes a batch that had not ended; the interrupted
+    batch had not stepped either, so take it back.
+    """
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    epoch_loop = fit_loop.get("epoch_loop.state_dict", {})
+    if "_batches_that_stepped" in epoch_loop:
+        epoch_loop["_batches_that_stepped"] = max(0, int(epoch_loop["_batches_that_stepped"]) - 1)
+    for state in fit_loop.get("state_dict", {}).get("combined_loader", []):
+        if isinstance(state, dict) and {"epoch", "batches", "batch_size", "num_replicas"} <= set(state):
+            state["batches"] = max(0, int(state["batches"]) - 1)

@@ -1,0 +1,212 @@
+"""A short GRPO fit for the FSDP2 equality test, single process or under ``ModelParallelStrategy``.
+
+Run as a script (Lightning's launcher re-executes it once per extra rank)::
+
+    python tests/_fsdp2_run.py --model DIR --out DIR --devices 2 --global-batch 4
+
+Rank 0 writes ``metrics.json`` (logged ``train/*`` values per batch) and ``weights.pt`` (the full policy
+state after training, gathered from the shards) into ``--out``; with ``--export`` the policy is also
+exported to ``<out>/hf_model``. Rollouts come from :class:`SeededPolicySampler`, whose completions depend
+only on the prompt, the sample index and the policy, never on the rank, the global RNG or how many calls
+came before (a resumed run samples what the uninterrupted run sampled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lit_entropy.callbacks import EntropyDiscriminatorClipping  # noqa: E402
+from lit_entropy.data.datamodule import PromptDataModule  # noqa: E402
+from lit_entropy.distributed import FSDP2Strategy, full_state_dict  # noqa: E402
+from lit_entropy.module import RFTModule  # noqa: E402
+from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids  # noqa: E402
+
+COMPARED = (
+    "train/reward_mean",
+    "train/response_length",
+    "train/frac_reward_zero_std",
+    "train/pg_loss",
+    "train/kl",
+    "train/grad_norm",
+    "train/lr",
+    "train/entropy",
+    "train/clip_ratio",
+    "train/clip_ratio_low",
+    "train/clip_ratio_high",
+    "train/entropy_clip_frac",
+    "train/entropy_clip_frac_neg",
+)
+
+
+def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """Varies across samples of a random tiny model, so advantages are not all zero."""
+    return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+
+class SeededPolicySampler(RolloutEngine):
+    """Samples from the policy with one ``torch.Generator`` per row seeded by (prompt ids, sample index).
+
+    Every call runs exactly ``max_new_tokens`` forward passes (no early stop), so FSDP2 ranks stay in step.
+    """
+
+    def __init__(self, eos_token_id: int, pad_token_id: int) -> None:
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    @torch.no_grad()
+    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, sampling: SamplingConfig):
+        k = sampling.num_samples
+        ids = input_ids.repeat_interleave(k, 0)
+        mask = attention_mask.repeat_interleave(k, 0)
+        generators = []
+        for row in range(ids.shape[0]):
+            prompt = ids[row][mask[row].bool()].tolist()
+            key = hashlib.sha256(repr((prompt, row % k)).encode()).digest()
+            generators.append(torch.Generator().manual_seed(int.from_bytes(key[:8], "little")))
+        was_training = policy.training
+        policy.eval()
+        try:
+            for _ in range(sampling.max_new_tokens):
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                logits = policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+                probs = torch.softmax(logits[:, -1].double() / sampling.temperature, -1)
+                cdf = probs.cumsum(-1)
+                u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+                nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp(max=probs.shape[-1] - 1)
+                ids = torch.cat([ids, nxt], 1)
+                mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        finally:
+            policy.train(was_training)
+        responses = ids[:, input_ids.shape[1] :]
+        response_mask = response_mask_from_ids(responses, self.eos_token_id)
+        ids[:, input_ids.shape[1] :] = responses.masked_fill(~response_mask, self.pad_token_id)
+        full_mask = torch.cat([attention_mask.repeat_interleave(k, 0), response_mask.long()], 1)
+        return RolloutBatch(sequences=ids, attention_mask=full_mask, response_mask=response_mask)
+
+
+class Recorder(Callback):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = trainer.callback_metrics
+        self.rows.append({k: float(metrics[k]) for k in COMPARED if k in metrics})
+
+
+def run(
+    model: str,
+    out: str,
+    devices: int,
+    global_batch: int,
+    batches: int = 2,
+    max_steps: int = -1,
+    ckpt_path: str | None = None,
+    **module_options,
+) -> None:
+    """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
+    ``ckpt_path`` when given."""
+    torch.set_num_threads(1)
+    seed_everything(0)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    options = dict(
+        group_size=4,
+        max_new_tokens=4,
+        lr=1e-2,
+        kl_coef=0.05,
+        max_grad_norm=0.5,  # small, so the clip acts on the (sharded) gradients
+        val_num_samples=2,
+        export_on_train_end=False,
+    )
+    options.update(module_options)
+    module = RFTModule(model, rollout_engine=SeededPolicySampler(tok.eos_token_id, tok.pad_token_id), **options)
+    module.reward_fn = digit_reward
+    data = PromptDataModule(
+        tokenizer_name_or_path=model, batch_size=global_batch // devices, num_train_examples=32, shuffle=False
+    )
+    recorder = Recorder()
+    strategy = FSDP2Strategy() if devices > 1 else "auto"
+    checkpoints = []
+    if max_steps > 0:  # written at the end of the last batch, as a periodic checkpoint would be
+        checkpoints.append(ModelCheckpoint(out, filename="last", every_n_train_steps=max_steps))
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=1,
+        max_steps=max_steps,
+        limit_train_batches=batches,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=bool(checkpoints),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        callbacks=[recorder, EntropyDiscriminatorClipping("clip_b", mu=0.5), *checkpoints],
+    )
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    state = full_state_dict(module.policy)  # collective under FSDP2
+    if trainer.global_rank == 0:
+        os.makedirs(out, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, os.path.join(out, "weights.pt"))
+        info = {
+            "rows": recorder.rows,
+            "global_step": trainer.global_step,
+            "sharded": type(module.policy).__name__,
+            "local_embedding_rows": _local_rows(module.policy.get_input_embeddings().weight),
+            "ref_sharded": type(module.ref_model).__name__ if module.ref_model is not None else None,
+            "ref_requires_grad": any(p.requires_grad for p in module.ref_model.parameters())
+            if module.ref_model is not None
+            else None,
+            "export_path": module.export_path,
+            "num_skipped_updates": module.num_skipped_updates,
+        }
+        Path(out, "metrics.json").write_text(json.dumps(info))
+
+
+def _local_rows(weight: Tensor) -> int:
+    """Rows of this rank's shard (all rows when not sharded)."""
+    return int((weight.to_local() if hasattr(weight, "to_local") else weight).shape[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--export", action="store_true")
+    parser.add_argument("--fsdp-param-dtype", default=None)
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--ckpt-path", default=None)
+    args = parser.parse_args()
+    run(
+        args.model,
+        args.out,
+        args.devices,
+        args.global_batch,
+        gradient_checkpointing=args.gradient_checkpointing,
+        export_on_train_end=args.export,
+        export_dir=os.path.join(args.out, "hf_model") if args.export else None,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        max_steps=args.max_steps,
+        ckpt_path=args.ckpt_path,
+    )
+
+
+if __name__ == "__main__":
+    main()

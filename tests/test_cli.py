@@ -12,6 +12,8 @@ from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+GRPO_TINY = next(p for p in CONFIGS if p.name == "grpo_tiny.yaml")
+CLIP_B_TINY = next(p for p in CONFIGS if p.name == "clip_b_tiny.yaml")
 # GPU recipes are instantiated on this CPU machine with the accelerator overridden.
 CPU_OVERRIDES = ["--trainer.accelerator=cpu", "--trainer.devices=1"]
 
@@ -64,7 +66,7 @@ def test_recipes_follow_the_paper():
 def test_print_config(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config", str(CONFIGS[0]), "--print_config"])
+        cli_main(["fit", "--config", str(GRPO_TINY), "--print_config"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "model:" in out and "group_size:" in out and "val_before_train:" in out
@@ -93,7 +95,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
 def test_bad_settings_fail_before_training(override, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=message):
-        cli_main(["--config", str(CONFIGS[0]), *override], run=False)
+        cli_main(["--config", str(GRPO_TINY), *override], run=False)
 
 
 def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -116,7 +118,7 @@ def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
         "--data.num_val_examples=16",
         "--data.val_batch_size=16",
     ]
-    cli_main(["fit", "--config", str(CONFIGS[[p.name for p in CONFIGS].index("clip_b_tiny.yaml")]), *short])
+    cli_main(["fit", "--config", str(CLIP_B_TINY), *short])
     log_dir = tmp_path / "runs" / "clip_b_tiny" / "version_0"
     scalars = _scalars(log_dir)
     assert [step for step, _ in scalars["val/avg@8"]] == [0, 2], "validation before training, then after 3 steps"
@@ -129,7 +131,7 @@ def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
         [
             "validate",
             "--config",
-            str(CONFIGS[[p.name for p in CONFIGS].index("clip_b_tiny.yaml")]),
+            str(CLIP_B_TINY),
             "--ckpt_path",
             str(checkpoints[-1]),
             "--trainer.logger=false",
@@ -137,3 +139,22 @@ def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
             "--data.val_batch_size=16",
         ]
     )
+
+
+def test_multinode_recipe_parses(tmp_path, monkeypatch):
+    """The documented 2-node recipe: 7B Clip_B + FSDP2 + multinode overlays compose into 16 ranks x 4 prompts."""
+    from lit_entropy.cli import RFTCLI
+
+    class ParseOnly(RFTCLI):
+        def instantiate_classes(self) -> None:  # a GPU trainer cannot be built on this machine
+            pass
+
+    monkeypatch.chdir(tmp_path)
+    names = ("qwen2.5-7b_clip_b.yaml", "fsdp2.yaml", "multinode.yaml")
+    args = [a for name in names for a in ("--config", str(next(p for p in CONFIGS if p.name == name)))]
+    config = ParseOnly(RFTModule, PromptDataModule, args=args, run=False, auto_configure_optimizers=False).config
+    assert config["trainer"]["num_nodes"] == 2 and config["trainer"]["devices"] == 8
+    assert config["trainer"]["strategy"]["class_path"] == "lit_entropy.distributed.FSDP2Strategy"
+    assert config["model"]["rollout"] == "vllm" and config["model"]["vllm_options"]["tensor_parallel_size"] == 1
+    assert config["data"]["batch_size"] * 2 * 8 == 64
+    assert config["model"]["group_size"] == 16 and config["model"]["gradient_checkpointing"] is True

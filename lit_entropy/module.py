@@ -137,6 +137,9 @@ class RFTModule(LightningModule):
             trainer's: each token's advantage is scaled by ``min(exp(logp_old - logp_rollout), threshold)``;
             None = off. Needs an engine that reports log-probs (vLLM).
         rollout_engine: a ready engine object; overrides ``rollout``.
+        fuse_old_logprob_pass: when a rollout batch gets exactly one update (GRPO, ``ppo_epochs`` 1, one
+            mini-batch, no micro-batching), the old log-probs equal the update's own; reuse that forward
+            (with its graph) for the statistics instead of a separate no-grad pass, as TRL does.
         max_consecutive_skips: stop with an error after this many consecutive skipped updates (non-finite
             loss or gradient norm).
         fsdp_param_dtype: under ``ModelParallelStrategy`` (FSDP2): dtype of the all-gathered parameters
@@ -194,6 +197,7 @@ class RFTModule(LightningModule):
         vllm_options: dict[str, Any] | None = None,
         rollout_is_threshold: float | None = None,
         rollout_engine: RolloutEngine | None = None,
+        fuse_old_logprob_pass: bool = True,
         max_consecutive_skips: int = 10,
         fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None,
         export_dir: str | None = None,
@@ -224,6 +228,7 @@ class RFTModule(LightningModule):
         self.val_avg = AvgAtK()
         self.val_pass = nn.ModuleDict({str(kk): PassAtK(kk) for kk in self.val_pass_k})
         self.num_skipped_updates = 0
+        self._fused_forward: tuple[Any, Tensor | None] | None = None
         # Mutable so that controllers (e.g. an adaptive entropy bonus callback) can steer it.
         self.entropy_coef = float(entropy_coef)
         self.consecutive_skipped_updates = 0
@@ -484,19 +489,23 @@ class RFTModule(LightningModule):
         rows, response_len = mask.shape
         want_average = "policy_average" in required_token_mask_fields(self._trainer)
         outs: dict[str, list[Tensor]] = {k: [] for k in ("logp", "ent", "disc", "avg", "ref", "val")}
+        fused = self._fuses_old_logprob_pass(rows)
         for rs in self._row_slices(rows, hp.micro_batch_size):
             seq, att = rollout.sequences[rs], rollout.attention_mask[rs]
-            logits, states = self._forward(self.policy, seq, att, response_len, hidden=self.value_head is not None)
-            stats = entropy_stats(
-                logits,
-                rollout.responses[rs],
-                temperature=hp.temperature,
-                chunk_size=hp.logprob_chunk_size,
-                policy_average=want_average,
-            )
+            with torch.set_grad_enabled(fused):
+                logits, states = self._forward(self.policy, seq, att, response_len, hidden=self.value_head is not None)
+                stats = entropy_stats(
+                    logits,
+                    rollout.responses[rs],
+                    temperature=hp.temperature,
+                    chunk_size=hp.logprob_chunk_size,
+                    policy_average=want_average,
+                )
             del logits
-            outs["logp"].append(stats.logprobs)
-            outs["ent"].append(stats.entropy)
+            if fused:  # the update reuses this forward and its graph (see _update)
+                self._fused_forward = (stats, states)
+            outs["logp"].append(stats.logprobs.detach())
+            outs["ent"].append(stats.entropy.detach())
             outs["disc"].append(stats.discriminator)
             if want_average:
                 outs["avg"].append(stats.policy_average)
@@ -571,15 +580,36 @@ class RFTModule(LightningModule):
             return float(t.item()) / dist.get_world_size()
         return value
 
-    def _minibatch_loss(self, mb: dict[str, Tensor | None], normalizer: float, response_len: int) -> dict[str, Tensor]:
+    def _fuses_old_logprob_pass(self, rows: int) -> bool:
+        """True when the batch gets exactly one update on all its rows at once (see ``fuse_old_logprob_pass``)."""
         hp = self.hparams
-        want_states = self.value_head is not None and self.critic is None
-        logits, states = self._forward(
-            self.policy, mb["sequences"], mb["attention_mask"], response_len, hidden=want_states
+        return (
+            hp.fuse_old_logprob_pass
+            and hp.algorithm == "grpo"
+            and hp.ppo_epochs == 1
+            and (hp.mini_batch_size or rows) >= rows
+            and (hp.micro_batch_size or rows) >= rows
         )
-        responses = mb["sequences"][:, -response_len:]
-        stats = entropy_stats(logits, responses, temperature=hp.temperature, chunk_size=hp.logprob_chunk_size)
-        del logits
+
+    def _minibatch_loss(
+        self,
+        mb: dict[str, Tensor | None],
+        normalizer: float,
+        response_len: int,
+        forward: tuple[Any, Tensor | None] | None = None,
+    ) -> dict[str, Tensor]:
+        """Loss terms of some rows; ``forward`` = ``(stats, states)`` already computed for exactly these rows."""
+        hp = self.hparams
+        if forward is None:
+            want_states = self.value_head is not None and self.critic is None
+            logits, states = self._forward(
+                self.policy, mb["sequences"], mb["attention_mask"], response_len, hidden=want_states
+            )
+            responses = mb["sequences"][:, -response_len:]
+            stats = entropy_stats(logits, responses, temperature=hp.temperature, chunk_size=hp.logprob_chunk_size)
+            del logits
+        else:
+            stats, states = forward
         mask = mb["loss_mask"]
         agg = dict(loss_agg_mode=hp.loss_agg_mode, normalizer=normalizer)
         pg_loss, pg_stats = policy_loss(
@@ -633,14 +663,16 @@ class RFTModule(LightningModule):
         sums: dict[str, float] = {}
         n_terms = 0
         norms = []
+        fused, self._fused_forward = self._fused_forward, None
         for _ in range(hp.ppo_epochs):
-            order = torch.randperm(rows, device=self.device)
+            # A fused forward covers the rows in their original order.
+            order = torch.arange(rows, device=self.device) if fused else torch.randperm(rows, device=self.device)
             for mini in self._row_slices(rows, hp.mini_batch_size):
                 index = order[mini]
                 normalizer = self._normalizer(exp.loss_mask[index])
                 finite_loss = True
                 for micro in self._row_slices(index.numel(), hp.micro_batch_size):
-                    terms = self._minibatch_loss(exp.rows(index[micro]), normalizer, response_len)
+                    terms = self._minibatch_loss(exp.rows(index[micro]), normalizer, response_len, forward=fused)
                     loss = terms.pop("loss")
                     finite_loss &= bool(torch.isfinite(loss.detach()))
                     # Backward even on a non-finite loss: under data parallel every rank must join the

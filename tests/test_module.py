@@ -134,3 +134,39 @@ def test_prompts_longer_than_the_context_fail_at_setup(tiny_model_dir, tmp_path)
     trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"max_new_tokens=60 exceed the model's context max_position_embeddings=64"):
         trainer.fit(module, data)
+
+
+def _parity_reward(completions, answers):
+    """A reward a random model earns half the time: varied advantages without a trained model."""
+    return [float(len(c) % 2) for c in completions]
+
+
+@pytest.mark.parametrize("method", [None, "clip_v"])
+def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tmp_path, method):
+    """One update per batch: reusing the update's forward for the old log-probs changes nothing."""
+    weights = []
+    for fuse in (True, False):
+        callbacks = [EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.1)] if method else []
+        module, trainer = _fit(
+            tiny_model_dir,
+            tmp_path / str(fuse),
+            callbacks=callbacks,
+            batches=1,
+            fuse_old_logprob_pass=fuse,
+            reward_fn=_parity_reward,
+            entropy_coef=0.01,
+        )
+        assert module._fuses_old_logprob_pass(16) is fuse
+        weights.append({k: v.detach().clone() for k, v in module.policy.state_dict().items()})
+        if method:
+            masked = callbacks[0].num_masked
+    fused, separate = weights
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(fused[name], initial[name]) for name in initial), "the update must move weights"
+    for name in fused:
+        # Adam's first step is ~lr * sign(g) = 1e-3 per weight: 1e-5 is 1% of a step (summation-order noise).
+        torch.testing.assert_close(fused[name], separate[name], atol=1e-5, rtol=1e-4)
+    if method:
+        assert masked > 0

@@ -1,0 +1,180 @@
+"""EntropyDynamicsMonitor: log the first-order entropy change of each update, split into its four quadrants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from lit_entropy.functional.entropy import predicted_entropy_change
+from lit_entropy.protocol import TokenMaskContext
+
+__all__ = ["QUADRANTS", "EntropyDynamicsMonitor", "quadrant_sums"]
+
+#: Quadrant names: sign of the advantage x sign of the centred discriminator D_c = S - E_p[S].
+#: THEORY §2: (A>0, D>0) and (A<0, D<0) lower the entropy, the other two raise it.
+QUADRANTS = ("a_pos_d_pos", "a_pos_d_neg", "a_neg_d_pos", "a_neg_d_neg")
+
+
+def quadrant_sums(
+    discriminator: Tensor, policy_average: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Sum of the per-token first-order entropy change ``-A * (S - E_p[S])`` over each quadrant.
+
+    Args:
+        discriminator: ``S`` per token, ``[B, T]``.
+        policy_average: ``E_p[S]`` per token, ``[B, T]``.
+        advantages: ``A`` per token, ``[B, T]``.
+        mask: bool ``[B, T]``, the tokens that carry a gradient.
+
+    Returns:
+        ``(sums, counts)``: float64 ``[4]`` each, in :data:`QUADRANTS` order. Tokens with ``A == 0``
+        or ``D_c == 0`` contribute nothing to the change and are in no quadrant.
+    """
+    s, avg = discriminator.detach().to(torch.float64), policy_average.detach().to(torch.float64)
+    change = predicted_entropy_change(s, avg, advantages.to(torch.float64))
+    centred = s - avg
+    pos, neg = advantages > 0, advantages < 0
+    up, down = centred > 0, centred < 0
+    zero = torch.zeros((), dtype=torch.float64, device=change.device)
+    sums, counts = [], []
+    for a_side, d_side in ((pos, up), (pos, down), (neg, up), (neg, down)):
+        selected = mask & a_side & d_side
+        sums.append(torch.where(selected, change, zero).sum())
+        counts.append(selected.sum().to(torch.float64))
+    return torch.stack(sums), torch.stack(counts)
+
+
+class EntropyDynamicsMonitor(Callback):
+    """Per rollout batch: predicted entropy change by quadrant, and the realised change one batch later.
+
+    A :class:`~lit_entropy.protocol.TokenMaskProvider` that only observes: it returns
+    ``context.mask`` unchanged. Works with any module implementing the protocol.
+
+    **What "predicted" means.** THEORY §2: a policy-gradient step that moves the logits of a position
+    by ``alpha (e_k - p)``, ``alpha = eta * r * A``, changes its entropy by ``-alpha (S_k - E_p[S])``
+    to first order. The monitor logs ``sum over valid tokens of -A * (S_k - E_p[S])`` (``r = 1``,
+    on-policy), split by the sign of ``A`` and of ``D_c = S_k - E_p[S]``. Units: nats per unit step
+    size in logit space; it is proportional to the entropy change the update would cause if every
+    position's logits were free parameters. It ignores the coupling of positions through shared
+    weights, the loss normalisation, the optimizer (Adam rescales) and the PPO clip (no token is
+    clipped at the first on-policy update), so compare *signs and relative sizes*, not magnitudes.
+    Statistics are over the global batch (all-reduced), before other providers' masks (a provider
+    cannot see them).
+
+    **Realised.** At the next rollout batch the monitor logs ``realised = H_now - H_prev`` (the global
+    mean token entropy of the rollout batches, each under its own rollout policy; different prompts,
+    so it is a noisy measure), ``sign_match`` (1 when ``sign(realised) == sign(predicted_prev)``) and
+    ``agreement``, the running fraction of matches.
+
+    Logged under ``log_prefix``: ``/predicted``, ``/predicted_<quadrant>`` (4), ``/entropy``,
+    ``/s_mean``, ``/centred_s_mean`` and, from the second batch on, ``/realised``, ``/sign_match``,
+    ``/agreement``.
+
+    Args:
+        log_prefix: prefix of the logged names.
+        keep_history: also keep every batch's metrics in ``self.history`` (a list of dicts).
+    """
+
+    required_fields = frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy"})
+
+    def __init__(self, log_prefix: str = "train/dynamics", keep_history: bool = False) -> None:
+        self.log_prefix = log_prefix
+        self.keep_history = keep_history
+        self.history: list[dict[str, float]] = []
+        self.num_batches = 0
+        self.num_compared = 0
+        self.num_agree = 0
+        self.prev_entropy: float | None = None
+        self.prev_predicted: float | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        name = type(pl_module).__name__
+        fields_fn = getattr(pl_module, "token_mask_fields", None)
+        if not callable(fields_fn):
+            raise TypeError(
+                f"EntropyDynamicsMonitor needs {name} to implement lit_entropy.protocol.TokenMaskingModule "
+                f"(token_mask_fields() and collect_keep_mask once per rollout batch); {name} has no token_mask_fields()"
+            )
+        missing = sorted(self.required_fields - frozenset(fields_fn()))
+        if missing:
+            raise TypeError(
+                f"EntropyDynamicsMonitor needs the TokenMaskContext fields {missing}, "
+                f"which {name}.token_mask_fields() does not provide"
+            )
+
+    def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
+        """Observe the batch and return ``context.mask`` unchanged. Must be called on every rank."""
+        metrics = self.observe(context)
+        log = getattr(pl_module, "log", None)
+        if log is not None and getattr(pl_module, "_trainer", None) is not None:
+            for name, value in metrics.items():
+                log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        return context.mask.clone()
+
+    def observe(self, context: TokenMaskContext) -> dict[str, float]:
+        """Update the state from one rollout batch; returns the metrics (also kept when ``keep_history``)."""
+        mask = context.mask
+        sums, _ = quadrant_sums(context.discriminator, context.policy_average, context.advantages, mask)
+        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+        s = context.discriminator.detach().to(torch.float64)
+        centred = s - context.policy_average.detach().to(torch.float64)
+        totals = torch.cat(
+            [
+                torch.stack(
+                    [
+                        mask.sum().to(torch.float64),
+                        torch.where(mask, context.entropy.detach().to(torch.float64), zero).sum(),
+                        torch.where(mask, s, zero).sum(),
+                        torch.where(mask, centred, zero).sum(),
+                    ]
+                ),
+                sums,
+            ]
+        )
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        n = max(float(totals[0]), 1.0)
+        entropy = float(totals[1]) / n
+        quadrants = [float(v) for v in totals[4:]]
+        predicted = sum(quadrants)
+        p = self.log_prefix
+        metrics = {
+            f"{p}/predicted": predicted,
+            **{f"{p}/predicted_{q}": v for q, v in zip(QUADRANTS, quadrants, strict=True)},
+            f"{p}/entropy": entropy,
+            f"{p}/s_mean": float(totals[2]) / n,
+            f"{p}/centred_s_mean": float(totals[3]) / n,
+        }
+        if self.prev_entropy is not None and self.prev_predicted is not None:
+            realised = entropy - self.prev_entropy
+            match = float((realised > 0) == (self.prev_predicted > 0) and realised != 0)
+            self.num_compared += 1
+            self.num_agree += int(match)
+            metrics[f"{p}/realised"] = realised
+            metrics[f"{p}/sign_match"] = match
+            metrics[f"{p}/agreement"] = self.num_agree / self.num_compared
+        self.prev_entropy, self.prev_predicted = entropy, predicted
+        self.num_batches += 1
+        if self.keep_history:
+            self.history.append(dict(metrics))
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "num_batches": self.num_batches,
+            "num_compared": self.num_compared,
+            "num_agree": self.num_agree,
+            "prev_entropy": self.prev_entropy,
+            "prev_predicted": self.prev_predicted,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.num_batches = int(state_dict["num_batches"])
+        self.num_compared = int(state_dict["num_compared"])
+        self.num_agree = int(state_dict["num_agree"])
+        self.prev_entropy = state_dict["prev_entropy"]
+        self.prev_predicted = state_dict["prev_predicted"]

@@ -1,0 +1,245 @@
+"""Token selection for Clip-Cov, KL-Cov and high-entropy (80/20) training, as pure tensor math.
+
+Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", ported to
+verl as ``policy_loss.loss_mode=clip_cov|kl_cov``) rank tokens by the centred covariance
+
+    cov_i = (A_i - mean A) * (log p_i - mean log p)            (means over the valid tokens)
+
+For a softmax policy the entropy change of a policy-gradient step is, per position, minus the
+covariance between log p and the logit update (THEORY.md §2 in covariance form), so tokens with a
+large positive ``cov`` (likely token rewarded, unlikely token penalised) are the ones that drive
+entropy down. Clip-Cov drops a random few of them from the loss; KL-Cov puts an
+``|log p - log p_old|`` penalty on the top few. High-entropy selection ("Beyond the 80/20 Rule")
+keeps only the top-``rho`` entropy positions ("forking tokens").
+
+Every function takes optional *global* statistics so that a distributed caller (all-reduce /
+all-gather, see :mod:`lit_entropy.callbacks.entropy_control`) selects over the whole batch, not per
+rank; without them the local tensors are the whole batch. All per-token tensors are ``[B, T]`` with
+a bool ``mask`` (True = valid response token); flattening order is row-major.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from lit_entropy.functional.clipping import kth_largest
+
+__all__ = [
+    "clip_cov_candidates",
+    "clip_cov_mask",
+    "covariance_scores",
+    "high_entropy_mask",
+    "kl_cov_coefficients",
+    "linear_quantile",
+    "random_global_picks",
+    "selection_count",
+]
+
+
+def _check_mask(mask: Tensor, shape: torch.Size, name: str = "mask") -> Tensor:
+    if mask.shape != shape:
+        raise ValueError(f"{name} shape {tuple(mask.shape)} does not match {tuple(shape)}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_ratio(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
+        raise ValueError(f"{name} must be a number in (0, 1], got {name}={value!r}")
+    return float(value)
+
+
+def selection_count(num_valid: int, ratio: float) -> int:
+    """verl's token budget ``max(int(ratio * num_valid), 1)`` (at least one token, as verl does)."""
+    ratio = _check_ratio("ratio", ratio)
+    if num_valid < 0:
+        raise ValueError(f"num_valid must be >= 0, got num_valid={num_valid}")
+    return max(int(ratio * int(num_valid)), 1)
+
+
+def covariance_scores(
+    advantages: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    *,
+    means: tuple[float, float] | Tensor | None = None,
+) -> Tensor:
+    """Per-token centred covariance ``(A - mean A) * (log p - mean log p)`` in float64, ``[B, T]``.
+
+    Args:
+        advantages: ``[B, T]`` per-token advantages.
+        logprobs: ``[B, T]`` log-probabilities (nats) of the sampled tokens.
+        mask: ``[B, T]`` bool, valid tokens; the means are over these.
+        means: optional global ``(mean A, mean log p)`` over the valid tokens of all ranks;
+            computed locally when None.
+
+    Returns:
+        float64 ``[B, T]`` (``-inf`` outside ``mask``, so it never ranks high).
+    """
+    if advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages shape {tuple(advantages.shape)} does not match logprobs shape {tuple(logprobs.shape)}"
+        )
+    mask = _check_mask(mask, logprobs.shape)
+    adv = advantages.detach().to(torch.float64)
+    logp = logprobs.detach().to(torch.float64)
+    if means is None:
+        n = mask.sum().clamp(min=1).to(torch.float64)
+        mean_a = torch.where(mask, adv, 0.0).sum() / n
+        mean_l = torch.where(mask, logp, 0.0).sum() / n
+    else:
+        mean_a, mean_l = (torch.as_tensor(m, dtype=torch.float64, device=adv.device) for m in means)
+    cov = (adv - mean_a) * (logp - mean_l)
+    return torch.where(mask, cov, torch.full_like(cov, -math.inf))
+
+
+def clip_cov_candidates(cov: Tensor, mask: Tensor, *, lb: float = 1.0, ub: float = 5.0) -> Tensor:
+    """Clip-Cov candidates: valid tokens with ``lb < cov < ub`` (strict, as in verl), bool ``[B, T]``."""
+    if not (math.isfinite(lb) and math.isfinite(ub) and lb < ub):
+        raise ValueError(f"clip_cov_lb must be < clip_cov_ub (both finite), got lb={lb}, ub={ub}")
+    mask = _check_mask(mask, cov.shape)
+    return mask & (cov > lb) & (cov < ub)
+
+
+def random_global_picks(total: int, k: int, offset: int, local: int, generator: torch.Generator) -> Tensor:
+    """Which of this shard's candidates a global uniform draw of ``k`` out of ``total`` picks.
+
+    Every rank draws the same permutation (same ``generator`` state), so the picks are the same
+    as a single process drawing over the concatenated candidate list; this rank owns the global
+    positions ``[offset, offset + local)``.
+
+    Returns:
+        int64 ``[m]`` sorted positions in ``[0, local)`` of the picked local candidates.
+    """
+    if min(total, k, offset, local) < 0 or offset + local > total:
+        raise ValueError(f"need 0 <= offset, offset + local <= total, k >= 0; got {total=}, {k=}, {offset=}, {local=}")
+    if total == 0 or k == 0:
+        return torch.zeros(0, dtype=torch.long)
+    picked = torch.randperm(total, generator=generator)[: min(k, total)]
+    mine = picked[(picked >= offset) & (picked < offset + local)] - offset
+    return torch.sort(mine).values
+
+
+def clip_cov_mask(
+    advantages: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    *,
+    ratio: float = 2e-4,
+    lb: float = 1.0,
+    ub: float = 5.0,
+    generator: torch.Generator | None = None,
+    means: tuple[float, float] | Tensor | None = None,
+    num_valid: int | None = None,
+    candidate_offset: int = 0,
+    total_candidates: int | None = None,
+) -> Tensor:
+    """Clip-Cov keep mask: drop ``max(int(ratio * N), 1)`` random candidates (``lb < cov < ub``).
+
+    Args:
+        advantages: ``[B, T]``.
+        logprobs: ``[B, T]`` log p of the sampled tokens (the rollout policy's, on-policy).
+        mask: ``[B, T]`` bool.
+        ratio: ``clip_cov_ratio`` in (0, 1]: share of the valid tokens to drop.
+        lb: ``clip_cov_lb``.
+        ub: ``clip_cov_ub``.
+        generator: random source (identical state on all ranks); a fresh ``manual_seed(0)`` when None.
+        means: global ``(mean A, mean log p)``; local when None.
+        num_valid: global count ``N`` of valid tokens; local when None.
+        candidate_offset: number of candidates on lower ranks (rank-major order).
+        total_candidates: global number of candidates; local when None.
+
+    Returns:
+        bool ``[B, T]`` keep mask, a subset of ``mask``.
+    """
+    mask = _check_mask(mask, logprobs.shape)
+    cov = covariance_scores(advantages, logprobs, mask, means=means)
+    candidates = clip_cov_candidates(cov, mask, lb=lb, ub=ub)
+    flat = torch.nonzero(candidates.reshape(-1), as_tuple=True)[0]
+    n = int(mask.sum()) if num_valid is None else int(num_valid)
+    total = flat.numel() if total_candidates is None else int(total_candidates)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    picks = random_global_picks(total, selection_count(n, ratio), candidate_offset, flat.numel(), gen)
+    keep = mask.clone().reshape(-1)
+    keep[flat[picks.to(flat.device)]] = False
+    return keep.reshape(mask.shape)
+
+
+def kl_cov_coefficients(
+    advantages: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    *,
+    ratio: float = 2e-3,
+    coef: float = 1.0,
+    means: tuple[float, float] | Tensor | None = None,
+    threshold: float | Tensor | None = None,
+) -> Tensor:
+    """KL-Cov penalty coefficients: ``coef`` on the ``max(int(ratio * N), 1)`` largest-``cov`` tokens, else 0.
+
+    **Ties**: every valid token whose ``cov`` equals the threshold (the ``k``-th largest) gets the
+    penalty, so the result does not depend on token order or sharding.
+
+    Args:
+        advantages: ``[B, T]``.
+        logprobs: ``[B, T]``.
+        mask: ``[B, T]`` bool.
+        ratio: ``kl_cov_ratio`` in (0, 1].
+        coef: ``ppo_kl_coef`` (>= 0), the weight of ``|log p - log p_old|``.
+        means: global ``(mean A, mean log p)``; local when None.
+        threshold: global ``k``-th largest ``cov`` (from gathered per-rank top-k); local when None.
+
+    Returns:
+        float32 ``[B, T]`` coefficients.
+    """
+    _check_ratio("kl_cov_ratio", ratio)
+    if not (math.isfinite(coef) and coef >= 0):
+        raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got ppo_kl_coef={coef!r}")
+    mask = _check_mask(mask, logprobs.shape)
+    cov = covariance_scores(advantages, logprobs, mask, means=means)
+    if threshold is None:
+        threshold = kth_largest(cov[mask], selection_count(int(mask.sum()), ratio))
+    threshold = torch.as_tensor(threshold, dtype=torch.float64, device=cov.device)
+    chosen = mask & (cov >= threshold)
+    return chosen.to(torch.float32) * float(coef)
+
+
+def linear_quantile(values: Tensor, q: float) -> Tensor:
+    """``q``-quantile with linear interpolation (``torch.quantile``'s default), NaN entries ignored.
+
+    Returns:
+        float64 scalar tensor; NaN when no value is present.
+    """
+    if not (isinstance(q, (int, float)) and 0 <= q <= 1):
+        raise ValueError(f"q must be in [0, 1], got q={q!r}")
+    flat = values.detach().reshape(-1).to(torch.float64)
+    return torch.nanquantile(flat, float(q)) if flat.numel() else torch.tensor(math.nan, dtype=torch.float64)
+
+
+def high_entropy_mask(
+    entropy: Tensor, mask: Tensor, *, rho: float = 0.2, threshold: float | Tensor | None = None
+) -> Tensor:
+    """Keep only the top-``rho`` entropy tokens: ``entropy >= (1 - rho)``-quantile over valid tokens.
+
+    TRL's ``top_entropy_quantile`` semantics (linear-interpolated quantile, ``>=``): ``rho = 1``
+    keeps everything, ``rho = 0.2`` keeps about a fifth.
+
+    Args:
+        entropy: ``[B, T]`` per-position entropy (nats).
+        mask: ``[B, T]`` bool.
+        rho: kept share in (0, 1].
+        threshold: global quantile (from values gathered across ranks); local when None.
+
+    Returns:
+        bool ``[B, T]`` keep mask, a subset of ``mask``.
+    """
+    rho = _check_ratio("rho", rho)
+    mask = _check_mask(mask, entropy.shape)
+    if threshold is None:
+        threshold = linear_quantile(entropy[mask], 1.0 - rho)
+    threshold = torch.as_tensor(threshold, dtype=torch.float64, device=entropy.device)
+    if torch.isnan(threshold):
+        return torch.zeros_like(mask)
+    return mask & (entropy.detach().to(torch.float64) >= threshold)

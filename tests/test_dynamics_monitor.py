@@ -1,0 +1,191 @@
+"""EntropyDynamicsMonitor: quadrant sums against loops, realised/agreement bookkeeping, and the
+prediction against the exact entropy change of a free-logit policy trained by SGD."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch import nn
+
+from lit_entropy.callbacks.dynamics_monitor import QUADRANTS, EntropyDynamicsMonitor, quadrant_sums
+from lit_entropy.functional import entropy_stats, policy_loss
+from lit_entropy.protocol import TokenMaskContext, collect_keep_mask
+
+
+def _context(seed: int, rows: int = 12, cols: int = 7, entropy_level: float = 1.0) -> TokenMaskContext:
+    gen = torch.Generator().manual_seed(seed)
+    adv = torch.randint(-2, 3, (rows, 1), generator=gen).double().expand(rows, cols).contiguous()
+    mask = torch.rand(rows, cols, generator=gen) < 0.8
+    return TokenMaskContext(
+        mask=mask,
+        advantages=adv,
+        discriminator=torch.randn(rows, cols, generator=gen, dtype=torch.float64) * 0.2,
+        policy_average=torch.randn(rows, cols, generator=gen, dtype=torch.float64) * 0.05,
+        entropy=entropy_level + 0.1 * torch.rand(rows, cols, generator=gen, dtype=torch.float64),
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quadrant_sums_match_loops(seed):
+    ctx = _context(seed)
+    sums, counts = quadrant_sums(ctx.discriminator, ctx.policy_average, ctx.advantages, ctx.mask)
+    ref = {q: 0.0 for q in QUADRANTS}
+    ref_n = {q: 0 for q in QUADRANTS}
+    rows, cols = ctx.mask.shape
+    for i in range(rows):
+        for j in range(cols):
+            if not ctx.mask[i, j]:
+                continue
+            a = float(ctx.advantages[i, j])
+            d = float(ctx.discriminator[i, j]) - float(ctx.policy_average[i, j])
+            if a == 0 or d == 0:
+                continue
+            name = ("a_pos" if a > 0 else "a_neg") + ("_d_pos" if d > 0 else "_d_neg")
+            ref[name] += -a * d
+            ref_n[name] += 1
+    for k, q in enumerate(QUADRANTS):
+        assert float(sums[k]) == pytest.approx(ref[q], abs=1e-12)
+        assert int(counts[k]) == ref_n[q]
+    assert all(ref_n[q] > 0 for q in QUADRANTS)
+    # THEORY §2 sign table: (A>0, D>0) and (A<0, D<0) lower the entropy, the other two raise it.
+    assert sums[0] < 0 < sums[1] and sums[3] < 0 < sums[2]
+
+
+def test_realised_change_and_running_agreement():
+    monitor = EntropyDynamicsMonitor(keep_history=True)
+    levels = [1.0, 1.3, 0.9, 0.95, 0.5]
+    contexts = [_context(seed, entropy_level=h) for seed, h in enumerate(levels)]
+    out = [monitor.observe(ctx) for ctx in contexts]
+    entropies = [float(ctx.entropy[ctx.mask].mean()) for ctx in contexts]
+    predicted = [
+        sum(
+            -float(ctx.advantages[i, j]) * (float(ctx.discriminator[i, j]) - float(ctx.policy_average[i, j]))
+            for i, j in torch.nonzero(ctx.mask).tolist()
+        )
+        for ctx in contexts
+    ]
+    matches = 0
+    assert "train/dynamics/realised" not in out[0]
+    for t in range(1, len(levels)):
+        realised = entropies[t] - entropies[t - 1]
+        match = (realised > 0) == (predicted[t - 1] > 0)
+        matches += match
+        assert out[t]["train/dynamics/realised"] == pytest.approx(realised, abs=1e-12)
+        assert out[t]["train/dynamics/sign_match"] == float(match)
+        assert out[t]["train/dynamics/agreement"] == pytest.approx(matches / t)
+        assert out[t]["train/dynamics/predicted"] == pytest.approx(predicted[t], abs=1e-12)
+    assert 0 < matches < len(levels) - 1, "the crafted sequence has both matches and misses"
+    assert len(monitor.history) == len(levels)
+
+
+def test_state_dict_resumes_the_comparison():
+    contexts = [_context(seed, entropy_level=h) for seed, h in enumerate([1.0, 0.7, 0.8])]
+    full = EntropyDynamicsMonitor()
+    first = full.observe(contexts[0])
+    assert "train/dynamics/entropy" in first
+    state = full.state_dict()
+    expected = [full.observe(c) for c in contexts[1:]]
+    resumed = EntropyDynamicsMonitor()
+    resumed.load_state_dict(state)
+    assert [resumed.observe(c) for c in contexts[1:]] == expected
+
+
+class _NoProtocol(LightningModule):
+    pass
+
+
+class _NoAverage(LightningModule):
+    def token_mask_fields(self):
+        return frozenset({"mask", "advantages", "discriminator", "entropy"})
+
+
+def test_setup_names_what_is_missing():
+    with pytest.raises(TypeError, match="_NoProtocol has no token_mask_fields"):
+        EntropyDynamicsMonitor().setup(None, _NoProtocol(), "fit")
+    with pytest.raises(TypeError, match="policy_average"):
+        EntropyDynamicsMonitor().setup(None, _NoAverage(), "fit")
+
+
+class _FreeLogitPolicy(LightningModule):
+    """A user's own RL module: one free logit vector per position, shared by all rows, plain SGD.
+
+    Here THEORY §2 is exact to first order for the batch: the logits of position j move by
+    ``(lr / N) * sum_rows A (e_k - p)`` (token-mean loss over N tokens), so the mean entropy over the
+    P positions changes by ``predicted * lr / (N * P)`` with ``predicted = sum -A (S - E_p[S])``.
+    """
+
+    def __init__(self, positions: int = 4, vocab: int = 6, rows: int = 256, lr: float = 0.02) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        gen = torch.Generator().manual_seed(0)
+        self.logits = nn.Parameter(torch.randn(positions, vocab, generator=gen, dtype=torch.float64))
+        self.rows, self.lr = rows, lr
+        self.kept: list[float] = []
+        self.true_entropy: list[float] = []
+
+    def token_mask_fields(self):
+        return frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs"})
+
+    def training_step(self, batch, batch_idx):
+        positions, vocab = self.logits.shape
+        with torch.no_grad():
+            logits = self.logits.expand(self.rows, positions, vocab)
+            tokens = torch.distributions.Categorical(logits=logits).sample()
+            old = entropy_stats(logits, tokens, policy_average=True)
+            self.true_entropy.append(float(old.entropy[0].mean()))
+        # Reward: low token ids are "correct"; centred per batch, one advantage per sequence.
+        reward = (tokens < vocab // 2).double().mean(-1, keepdim=True)
+        advantages = (reward - reward.mean()).expand(-1, positions).contiguous()
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        context = TokenMaskContext(
+            mask=mask,
+            advantages=advantages,
+            discriminator=old.discriminator,
+            policy_average=old.policy_average,
+            entropy=old.entropy,
+            old_logprobs=old.logprobs,
+        )
+        keep = collect_keep_mask(self.trainer, self, context)
+        self.kept.append(float(keep.double().mean()))
+        new = entropy_stats(self.logits.expand(self.rows, positions, vocab), tokens)
+        loss, _ = policy_loss(new.logprobs, old.logprobs, advantages, keep)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.zeros(6, 1), batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_prediction_matches_the_realised_change_of_a_free_logit_policy():
+    torch.manual_seed(0)
+    module = _FreeLogitPolicy()
+    monitor = EntropyDynamicsMonitor(keep_history=True)
+    trainer = Trainer(
+        accelerator="cpu", max_steps=6, callbacks=[monitor], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(module)
+    assert module.kept == [1.0] * 6  # an observer masks nothing
+    hist = monitor.history
+    positions = module.logits.shape[0]
+    n_tokens = module.rows * positions
+    for t in range(len(hist) - 1):
+        realised = hist[t + 1]["train/dynamics/realised"]
+        # Every row shares the logits: the batch mean entropy is the exact mean entropy over positions.
+        assert realised == pytest.approx(module.true_entropy[t + 1] - module.true_entropy[t], abs=1e-9)
+        first_order = hist[t]["train/dynamics/predicted"] * module.lr / (n_tokens * positions)
+        assert abs(first_order) > 1e-5
+        assert realised == pytest.approx(first_order, rel=0.05), t
+    assert hist[-1]["train/dynamics/agreement"] == 1.0
+    for name in ("predicted", "realised", "agreement", "sign_match", "entropy", "s_mean", "centred_s_mean",
+                 *(f"predicted_{q}" for q in QUADRANTS)):
+        assert f"train/dynamics/{name}" in trainer.callback_metrics, name
+    assert math.isfinite(float(trainer.callback_metrics["train/dynamics/centred_s_mean"]))

@@ -29,6 +29,7 @@ __all__ = [
     "TokenMaskProvider",
     "TokenMaskingModule",
     "TokenPenaltyProvider",
+    "check_token_masking_module",
     "collect_keep_mask",
     "collect_token_penalty",
     "required_token_mask_fields",
@@ -103,6 +104,28 @@ class TokenMaskingModule(Protocol):
     def token_mask_fields(self) -> frozenset[str]:
         """The :class:`TokenMaskContext` fields this module can fill in (``mask`` and ``advantages`` always)."""
         ...
+
+
+def check_token_masking_module(pl_module: Any, required_fields: frozenset[str], who: str) -> None:
+    """Raise a TypeError naming what ``pl_module`` lacks for a provider ``who`` that reads ``required_fields``.
+
+    Providers call it at ``setup``, so a module that cannot serve them fails before training starts.
+    """
+    name = type(pl_module).__name__
+    fields_fn = getattr(pl_module, "token_mask_fields", None)
+    if not callable(fields_fn):
+        raise TypeError(
+            f"{who} needs {name} to implement lit_entropy.protocol.TokenMaskingModule: a method "
+            "token_mask_fields() and a call to lit_entropy.protocol.collect_keep_mask(...) (and "
+            f"collect_token_penalty(...)) once per rollout batch; {name} has no token_mask_fields()"
+        )
+    missing = sorted(frozenset(required_fields) - frozenset(fields_fn()))
+    if missing:
+        hint = " (policy averages E_p[S])" if "policy_average" in missing else ""
+        raise TypeError(
+            f"{who} needs the TokenMaskContext fields {missing}{hint}, "
+            f"which {name}.token_mask_fields() does not provide"
+        )
 
 
 def token_mask_providers(trainer: Any) -> list[TokenMaskProvider]:

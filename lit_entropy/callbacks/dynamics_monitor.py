@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lit_entropy.callbacks._collectives import all_reduce_sum
 from lit_entropy.functional.entropy import predicted_entropy_change
-from lit_entropy.protocol import TokenMaskContext
+from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
 
 __all__ = ["QUADRANTS", "EntropyDynamicsMonitor", "quadrant_sums"]
 
@@ -92,19 +92,7 @@ class EntropyDynamicsMonitor(Callback):
         self.prev_predicted: float | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        name = type(pl_module).__name__
-        fields_fn = getattr(pl_module, "token_mask_fields", None)
-        if not callable(fields_fn):
-            raise TypeError(
-                f"EntropyDynamicsMonitor needs {name} to implement lit_entropy.protocol.TokenMaskingModule "
-                f"(token_mask_fields() and collect_keep_mask once per rollout batch); {name} has no token_mask_fields()"
-            )
-        missing = sorted(self.required_fields - frozenset(fields_fn()))
-        if missing:
-            raise TypeError(
-                f"EntropyDynamicsMonitor needs the TokenMaskContext fields {missing}, "
-                f"which {name}.token_mask_fields() does not provide"
-            )
+        check_token_masking_module(pl_module, self.required_fields, "EntropyDynamicsMonitor")
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Observe the batch and return ``context.mask`` unchanged. Must be called on every rank."""
@@ -135,8 +123,7 @@ class EntropyDynamicsMonitor(Callback):
                 sums,
             ]
         )
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        all_reduce_sum(totals)
         n = max(float(totals[0]), 1.0)
         entropy = float(totals[1]) / n
         quadrants = [float(v) for v in totals[4:]]

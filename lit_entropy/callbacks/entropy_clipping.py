@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lit_entropy.callbacks._collectives import all_gather_equal, all_reduce_sum
 from lit_entropy.functional.clipping import (
     cap_count,
     clip_b_mask,
@@ -19,21 +19,11 @@ from lit_entropy.functional.clipping import (
     local_top_scores,
 )
 from lit_entropy.functional.masked import masked_moments
-from lit_entropy.protocol import TokenMaskContext
+from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
 
 __all__ = ["EntropyDiscriminatorClipping"]
 
 _DEFAULT_MU = {"clip_b": 2.5, "clip_v": 8.5}
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _all_reduce_sum(tensor: Tensor) -> Tensor:
-    if _distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
 
 
 class EntropyDiscriminatorClipping(Callback):
@@ -90,33 +80,21 @@ class EntropyDiscriminatorClipping(Callback):
         return self._generate_state_key(method=self.method, mu=self.mu, symmetric=self.symmetric)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        name = type(pl_module).__name__
-        fields_fn = getattr(pl_module, "token_mask_fields", None)
-        if not callable(fields_fn):
-            raise TypeError(
-                f"EntropyDiscriminatorClipping(method={self.method!r}) needs {name} to implement "
-                "lit_entropy.protocol.TokenMaskingModule: a method token_mask_fields() and a call to "
-                f"lit_entropy.protocol.collect_keep_mask(...) once per rollout batch; {name} has no token_mask_fields()"
-            )
-        missing = sorted(self.required_fields - frozenset(fields_fn()))
-        if missing:
-            raise TypeError(
-                f"EntropyDiscriminatorClipping(method={self.method!r}) needs the TokenMaskContext fields {missing}, "
-                f"which {name}.token_mask_fields() does not provide"
-                + (" (clip_v needs policy averages E_p[S])" if "policy_average" in missing else "")
-            )
+        check_token_masking_module(
+            pl_module, self.required_fields, f"EntropyDiscriminatorClipping(method={self.method!r})"
+        )
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask for this rank's tokens from global statistics. Must be called on every rank."""
         mask, advantages = context.mask, context.advantages
         if self.method == "clip_b":
-            moments = _all_reduce_sum(masked_moments(context.discriminator, mask))
+            moments = all_reduce_sum(masked_moments(context.discriminator, mask))
             keep = clip_b_mask(
                 context.discriminator, advantages, mask, mu=self.mu, symmetric=self.symmetric, moments=moments
             )
         else:
             deviation = clip_v_deviation(context.discriminator, context.policy_average)
-            moments = _all_reduce_sum(masked_moments(deviation, mask))
+            moments = all_reduce_sum(masked_moments(deviation, mask))
             threshold = self._global_cap_threshold(context, moments)
             keep = clip_v_mask(
                 context.discriminator,
@@ -147,12 +125,7 @@ class EntropyDiscriminatorClipping(Callback):
         )
         k = cap_count(int(moments[0].item()), self.max_frac)
         # Each rank's own top-k (padded to k) contains every global top-k value it holds.
-        top = local_top_scores(scores, candidates, k)
-        if _distributed():
-            gathered = [torch.empty_like(top) for _ in range(dist.get_world_size())]
-            dist.all_gather(gathered, top)
-            top = torch.cat(gathered)
-        return kth_largest(top, k)
+        return kth_largest(all_gather_equal(local_top_scores(scores, candidates, k)), k)
 
     def _log(self, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
         mask, advantages = context.mask, context.advantages
@@ -172,7 +145,7 @@ class EntropyDiscriminatorClipping(Callback):
         totals = [counts, s_moments[1:2]]
         if context.policy_average is not None:
             totals.append(masked_moments(context.discriminator - context.policy_average, mask)[1:2])
-        reduced = _all_reduce_sum(torch.cat(totals))
+        reduced = all_reduce_sum(torch.cat(totals))
         n, n_masked, n_pos, n_masked_pos, n_neg, n_masked_neg = reduced[:6].tolist()
         self.num_batches += 1
         self.num_tokens += int(n)

@@ -24,6 +24,13 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from lit_entropy.callbacks._collectives import (
+    all_gather_counts,
+    all_gather_equal,
+    all_gather_values,
+    all_reduce_sum,
+    is_distributed,
+)
 from lit_entropy.functional.clipping import kth_largest, local_top_scores
 from lit_entropy.functional.covariance import (
     clip_cov_candidates,
@@ -34,47 +41,15 @@ from lit_entropy.functional.covariance import (
     linear_quantile,
     selection_count,
 )
-from lit_entropy.protocol import TokenMaskContext
+from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
 
 __all__ = ["AdaptiveEntropyBonus", "ClipCov", "HighEntropySelection", "KLCov"]
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _all_reduce_sum(tensor: Tensor) -> Tensor:
-    if _distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
 
 
 def _check_fraction(name: str, value: float) -> float:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
         raise ValueError(f"{name} must be a number in (0, 1], got {name}={value!r}")
     return float(value)
-
-
-def _all_gather_counts(count: int, device: torch.device) -> list[int]:
-    """Every rank's ``count``, in rank order (``[count]`` when not distributed)."""
-    if not _distributed():
-        return [int(count)]
-    local = torch.tensor([count], dtype=torch.long, device=device)
-    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
-    return [int(t.item()) for t in gathered]
-
-
-def _all_gather_values(values: Tensor) -> Tensor:
-    """Concatenation of every rank's 1-D ``values`` (variable lengths: padded with NaN, then dropped)."""
-    if not _distributed():
-        return values
-    counts = _all_gather_counts(values.numel(), values.device)
-    padded = torch.full((max(counts),), math.nan, dtype=values.dtype, device=values.device)
-    padded[: values.numel()] = values
-    gathered = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(gathered, padded)
-    return torch.cat([g[:c] for g, c in zip(gathered, counts, strict=True)])
 
 
 def _global_means(context: TokenMaskContext) -> tuple[Tensor, int]:
@@ -87,7 +62,7 @@ def _global_means(context: TokenMaskContext) -> tuple[Tensor, int]:
             torch.where(mask, context.old_logprobs.to(torch.float64), 0.0).sum(),
         ]
     )
-    sums = _all_reduce_sum(sums)
+    sums = all_reduce_sum(sums)
     n = sums[0]
     return sums[1:] / n.clamp(min=1.0), int(n.item())
 
@@ -105,18 +80,7 @@ class _TokenCallback(Callback):
         self.num_selected = 0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        name, me = type(pl_module).__name__, type(self).__name__
-        fields_fn = getattr(pl_module, "token_mask_fields", None)
-        if not callable(fields_fn):
-            raise TypeError(
-                f"{me} needs {name} to implement lit_entropy.protocol.TokenMaskingModule (token_mask_fields() and "
-                f"collect_keep_mask / collect_token_penalty once per rollout batch); {name} has no token_mask_fields()"
-            )
-        missing = sorted(self.required_fields - frozenset(fields_fn()))
-        if missing:
-            raise TypeError(
-                f"{me} needs the TokenMaskContext fields {missing}, which {name}.token_mask_fields() does not provide"
-            )
+        check_token_masking_module(pl_module, self.required_fields, type(self).__name__)
 
     def _count_and_log(
         self, pl_module: Any, mask: Tensor, selected: Tensor | None, extra: dict[str, float]
@@ -124,7 +88,7 @@ class _TokenCallback(Callback):
         """All-reduce (valid, selected) counts, update the totals, log ``<prefix>_frac`` (unless
         ``selected`` is None, for observers) plus ``extra``."""
         picked = torch.zeros_like(mask) if selected is None else selected & mask
-        counts = _all_reduce_sum(torch.stack([mask.sum(), picked.sum()]).to(torch.float64))
+        counts = all_reduce_sum(torch.stack([mask.sum(), picked.sum()]).to(torch.float64))
         n, n_sel = (float(v) for v in counts.tolist())
         self.num_batches += 1
         self.num_tokens += int(n)
@@ -210,8 +174,8 @@ class ClipCov(_TokenCallback):
         means, n = _global_means(context)
         cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
         local = int(clip_cov_candidates(cov, mask, lb=self.clip_cov_lb, ub=self.clip_cov_ub).sum())
-        counts = _all_gather_counts(local, mask.device)
-        rank = dist.get_rank() if _distributed() else 0
+        counts = all_gather_counts(local, mask.device)
+        rank = dist.get_rank() if is_distributed() else 0
         keep = clip_cov_mask(
             context.advantages,
             context.old_logprobs,
@@ -285,11 +249,7 @@ class KLCov(_TokenCallback):
         cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
         k = selection_count(n, self.kl_cov_ratio)
         # Each rank's own top-k (padded to k) holds every global top-k value it owns.
-        top = local_top_scores(cov, mask, k)
-        if _distributed():
-            gathered = [torch.empty_like(top) for _ in range(dist.get_world_size())]
-            dist.all_gather(gathered, top)
-            top = torch.cat(gathered)
+        top = all_gather_equal(local_top_scores(cov, mask, k))
         coef = kl_cov_coefficients(
             context.advantages,
             context.old_logprobs,
@@ -331,7 +291,7 @@ class HighEntropySelection(_TokenCallback):
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask from the global quantile. Must be called on every rank."""
         mask = context.mask
-        values = _all_gather_values(context.entropy.detach().to(torch.float64)[mask])
+        values = all_gather_values(context.entropy.detach().to(torch.float64)[mask])
         threshold = linear_quantile(values, 1.0 - self.rho)
         keep = high_entropy_mask(context.entropy, mask, rho=self.rho, threshold=threshold)
         self._count_and_log(pl_module, mask, mask & ~keep, {f"{self.log_prefix}/threshold": float(threshold)})
@@ -402,7 +362,7 @@ class AdaptiveEntropyBonus(_TokenCallback):
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Update the coefficient from the global mean entropy; keep every token. Call on every rank."""
         mask = context.mask
-        sums = _all_reduce_sum(
+        sums = all_reduce_sum(
             torch.stack([mask.sum().to(torch.float64), torch.where(mask, context.entropy.to(torch.float64), 0.0).sum()])
         )
         entropy = float(sums[1] / sums[0].clamp(min=1.0))

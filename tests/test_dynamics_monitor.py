@@ -169,8 +169,13 @@ def test_prediction_matches_the_realised_change_of_a_free_logit_policy():
     module = _FreeLogitPolicy()
     monitor = EntropyDynamicsMonitor(keep_history=True)
     trainer = Trainer(
-        accelerator="cpu", max_steps=6, callbacks=[monitor], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        max_steps=6,
+        callbacks=[monitor],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module)
     assert module.kept == [1.0] * 6  # an observer masks nothing
@@ -185,7 +190,15 @@ def test_prediction_matches_the_realised_change_of_a_free_logit_policy():
         assert abs(first_order) > 1e-5
         assert realised == pytest.approx(first_order, rel=0.05), t
     assert hist[-1]["train/dynamics/agreement"] == 1.0
-    for name in ("predicted", "realised", "agreement", "sign_match", "entropy", "s_mean", "centred_s_mean",
-                 *(f"predicted_{q}" for q in QUADRANTS)):
+    for name in (
+        "predicted",
+        "realised",
+        "agreement",
+        "sign_match",
+        "entropy",
+        "s_mean",
+        "centred_s_mean",
+        *(f"predicted_{q}" for q in QUADRANTS),
+    ):
         assert f"train/dynamics/{name}" in trainer.callback_metrics, name
     assert math.isfinite(float(trainer.callback_metrics["train/dynamics/centred_s_mean"]))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _distributed import free_port, init_gloo
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
@@ -93,16 +92,8 @@ def test_cases_mask_something():
     assert len(capped) < len(uncapped)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
-    )
+    init_gloo(rank, world_size, port)
     try:
         results = {}
         for seed in range(3):
@@ -122,7 +113,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def test_two_gloo_ranks_mask_exactly_what_one_process_masks(tmp_path):
     """Each rank holds half of the global batch; the union of their masks equals the 1-process mask."""
     world_size = 2
-    mp.spawn(_ddp_worker, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    mp.spawn(_ddp_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
     shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     for seed in range(3):
         full = _global_batch(seed)

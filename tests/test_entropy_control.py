@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _distributed import free_port, init_gloo
 
 from lit_entropy.callbacks.dynamics_monitor import EntropyDynamicsMonitor
 from lit_entropy.callbacks.entropy_control import AdaptiveEntropyBonus, ClipCov, HighEntropySelection, KLCov
@@ -47,8 +46,10 @@ def _context(seed: int = 0, rows: int = 8, cols: int = 10) -> TokenMaskContext:
 
 def _rows(ctx: TokenMaskContext, index: slice) -> TokenMaskContext:
     return TokenMaskContext(
-        **{name: getattr(ctx, name)[index] for name in ("mask", "advantages", "discriminator", "policy_average",
-                                                        "entropy", "old_logprobs")}
+        **{
+            name: getattr(ctx, name)[index]
+            for name in ("mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs")
+        }
     )
 
 
@@ -102,7 +103,12 @@ def test_clip_cov_mask_matches_python_reference(seed):
     ctx = _context(seed)
     ratio, lb, ub = 0.15, 0.5, 5.0
     keep = clip_cov_mask(
-        ctx.advantages, ctx.old_logprobs, ctx.mask, ratio=ratio, lb=lb, ub=ub,
+        ctx.advantages,
+        ctx.old_logprobs,
+        ctx.mask,
+        ratio=ratio,
+        lb=lb,
+        ub=ub,
         generator=torch.Generator().manual_seed(seed),
     )
     cov = _py_cov(ctx)
@@ -223,16 +229,8 @@ def _run_all(ctx: TokenMaskContext) -> dict[str, list]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
-    )
+    init_gloo(rank, world_size, port)
     try:
         results = {}
         for seed in range(3):
@@ -248,7 +246,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.ddp
 def test_two_gloo_ranks_select_exactly_what_one_process_selects(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     differs_locally = False
     for seed in range(3):
@@ -299,14 +297,22 @@ def test_providers_compose_by_and_under_a_real_trainer():
     adaptive = AdaptiveEntropyBonus(entropy_target=50.0, initial_coef=0.0, coef_delta=0.01, coef_max=1.0)
     monitor = EntropyDynamicsMonitor(keep_history=True)
     # The shipped (warm-started) tiny model: it solves some prompts, so advantages are not all zero.
-    module = Recording(None, group_size=4, max_new_tokens=4, lr=1e-3, val_num_samples=2, ppo_epochs=2,
-                       export_on_train_end=False)
+    module = Recording(
+        None, group_size=4, max_new_tokens=4, lr=1e-3, val_num_samples=2, ppo_epochs=2, export_on_train_end=False
+    )
     module.seen = []
-    data = PromptDataModule(tokenizer_name_or_path=default_model_path(), batch_size=4, num_train_examples=32,
-                            num_val_examples=4)
+    data = PromptDataModule(
+        tokenizer_name_or_path=default_model_path(), batch_size=4, num_train_examples=32, num_val_examples=4
+    )
     trainer = Trainer(
-        accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[monitor, high, clip, kl, adaptive],
+        accelerator="cpu",
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[monitor, high, clip, kl, adaptive],
     )
     trainer.fit(module, data)
     batches = len(module.seen)

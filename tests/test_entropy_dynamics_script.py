@@ -50,7 +50,12 @@ def test_quick_run_writes_report_plots_and_numbers(tmp_path):
     report = (tmp_path / "report.md").read_text()
     for heading in ("(a) First-order", "(b) Selective", "(c) Centred", "(d) mu sweep", "(e) GRPO vs"):
         assert heading in report
-    for png in ("a_first_order.png", "b_selective_masking.png", "c_centred_baseline.png", "d_mu_sweep.png",
-                "e_methods.png"):
+    for png in (
+        "a_first_order.png",
+        "b_selective_masking.png",
+        "c_centred_baseline.png",
+        "d_mu_sweep.png",
+        "e_methods.png",
+    ):
         assert (tmp_path / png).stat().st_size > 1000
         assert f"]({png})" in report

@@ -96,8 +96,13 @@ def test_entropy_gradient_is_minus_discriminator(temperature: float) -> None:
     for k in range(len(zl)):
         step = torch.zeros_like(z)
         step[k] = eps
-        fd_lib.append(float(entropy_from_logits(z + step, temperature=temperature)
-                            - entropy_from_logits(z - step, temperature=temperature)) / (2 * eps))
+        fd_lib.append(
+            float(
+                entropy_from_logits(z + step, temperature=temperature)
+                - entropy_from_logits(z - step, temperature=temperature)
+            )
+            / (2 * eps)
+        )
     assert fd_lib == pytest.approx([-s / temperature for s in s_ref], abs=1e-8)
 
 
@@ -107,8 +112,10 @@ def test_gradient_matches_naive_autograd(temperature: float, chunk_size: int) ->
     z = _logits(2, 3, 11, seed=5)
     ids = _tokens((2, 3), 11)
     gen = torch.Generator().manual_seed(9)
-    w_lp, w_h = torch.randn(2, 3, generator=gen, dtype=torch.float64), torch.randn(2, 3, generator=gen,
-                                                                                      dtype=torch.float64)
+    w_lp, w_h = (
+        torch.randn(2, 3, generator=gen, dtype=torch.float64),
+        torch.randn(2, 3, generator=gen, dtype=torch.float64),
+    )
     ours = z.clone().requires_grad_(True)
     out = entropy_stats(ours, ids, temperature=temperature, chunk_size=chunk_size, policy_average=True)
     (w_lp * out.logprobs + w_h * out.entropy).sum().backward()
@@ -202,12 +209,17 @@ def test_predicted_entropy_change_is_first_order(advantage: float, ratio: float 
     for eta in (1e-2, 1e-3):
         alpha = eta * r * advantage
         # One softmax-gradient step on a single position: z <- z + alpha (e_k - p).
-        moved = [zi + alpha * ((1.0 if i == token else 0.0) - pi)
-                 for i, (zi, pi) in enumerate(zip(z.tolist(), p, strict=True))]
+        moved = [
+            zi + alpha * ((1.0 if i == token else 0.0) - pi)
+            for i, (zi, pi) in enumerate(zip(z.tolist(), p, strict=True))
+        ]
         measured = py_position(moved)[2] - h0
         predicted = predicted_entropy_change(
-            out.discriminator, out.policy_average, torch.tensor([advantage], dtype=torch.float64),
-            ratio=None if ratio is None else torch.tensor([ratio], dtype=torch.float64), lr=eta,
+            out.discriminator,
+            out.policy_average,
+            torch.tensor([advantage], dtype=torch.float64),
+            ratio=None if ratio is None else torch.tensor([ratio], dtype=torch.float64),
+            lr=eta,
         )
         assert predicted.shape == (1,)
         errors[eta] = abs(measured - float(predicted[0]))
@@ -228,8 +240,9 @@ def test_predicted_entropy_change_formula_and_broadcast() -> None:
         for j in range(3):
             want = -0.5 * float(ratio[i, j]) * float(adv[i, 0]) * (float(s[i, j]) - float(avg[i, j]))
             assert float(got[i, j]) == pytest.approx(want, rel=1e-6)
-    torch.testing.assert_close(predicted_entropy_change(s, avg, adv), predicted_entropy_change(
-        s, avg, adv, ratio=torch.ones_like(s)))
+    torch.testing.assert_close(
+        predicted_entropy_change(s, avg, adv), predicted_entropy_change(s, avg, adv, ratio=torch.ones_like(s))
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,8 +425,13 @@ def test_invalid_chunk_size(chunk_size) -> None:
 
 @pytest.mark.parametrize(
     "token_ids",
-    [torch.zeros(3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long), torch.zeros(2),
-     torch.tensor([0, 3]), torch.tensor([-1, 0])],
+    [
+        torch.zeros(3, dtype=torch.long),
+        torch.zeros(2, 1, dtype=torch.long),
+        torch.zeros(2),
+        torch.tensor([0, 3]),
+        torch.tensor([-1, 0]),
+    ],
 )
 def test_invalid_token_ids(token_ids: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="token_ids"):

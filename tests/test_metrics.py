@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import socket
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _distributed import free_port, init_gloo
 
 from lit_entropy.metrics import AvgAtK, ClipRatio, PassAtK, TokenEntropy
 
@@ -473,21 +472,9 @@ def test_pass_at_k_rejects_bad_input() -> None:
 # --------------------------------------------------------------------------- DDP
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=120),
-    )
+    init_gloo(rank, world_size, port)
     try:
         values = _run_metrics(_shard(_dataset(), rank), extra_empty_update=rank == 1)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(values))
@@ -498,7 +485,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 @pytest.mark.ddp
 def test_ddp_two_gloo_ranks_sync_to_full_data_value(tmp_path: Path) -> None:
     world_size = 2
-    mp.spawn(_ddp_worker, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    mp.spawn(_ddp_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
     data = _dataset()
     single_process = _run_metrics(data)
     reference = _references(data)

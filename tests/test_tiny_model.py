@@ -52,7 +52,10 @@ def test_config_is_vllm_friendly(model, tokenizer):
     assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
     assert cfg.vocab_size == len(tokenizer)
     assert (cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id) == (
-        tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.bos_token_id,
+    )
     gen = model.generation_config
     assert (gen.pad_token_id, gen.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
@@ -97,9 +100,16 @@ def _generate(model, tokenizer, prompts, *, do_sample, k=1, seed=0):
     torch.manual_seed(seed)
     extra = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if do_sample else {}
     with torch.no_grad():
-        out = model.generate(**enc, do_sample=do_sample, num_return_sequences=k, max_new_tokens=5,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra)
-    return enc, out[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            do_sample=do_sample,
+            num_return_sequences=k,
+            max_new_tokens=5,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **extra,
+        )
+    return enc, out[:, enc["input_ids"].shape[1] :]
 
 
 def test_batched_left_padded_sampling_stops_on_eos(model, tokenizer):
@@ -113,7 +123,7 @@ def test_batched_left_padded_sampling_stops_on_eos(model, tokenizer):
         if eos in row:
             ended += 1
             first = row.index(eos)
-            assert first >= 1 and all(t == pad for t in row[first + 1:])  # nothing after the first eos
+            assert first >= 1 and all(t == pad for t in row[first + 1 :])  # nothing after the first eos
     assert ended >= 0.9 * comp.shape[0]  # the model learned to terminate its answers
 
 
@@ -130,14 +140,16 @@ def test_accuracy_is_mid_band(model, tokenizer):
     """Warm-started but deliberately under-trained: GRPO needs some but not all samples right."""
     prompts = [ex["prompt"] for ex in make_arithmetic_examples("validation", 100, seed=0)]
     _, greedy = _generate(model, tokenizer, prompts, do_sample=False)
-    greedy_acc = sum(_is_correct(p, t) for p, t in zip(prompts, tokenizer.batch_decode(
-        greedy, skip_special_tokens=True), strict=True)) / len(prompts)
+    greedy_acc = sum(
+        _is_correct(p, t)
+        for p, t in zip(prompts, tokenizer.batch_decode(greedy, skip_special_tokens=True), strict=True)
+    ) / len(prompts)
     k = 4
     _, sampled = _generate(model, tokenizer, prompts, do_sample=True, k=k, seed=0)
     texts = tokenizer.batch_decode(sampled, skip_special_tokens=True)
     hits = [_is_correct(prompts[i // k], t) for i, t in enumerate(texts)]
     sampled_acc = sum(hits) / len(hits)
-    mixed = sum(0 < sum(hits[i * k:(i + 1) * k]) < k for i in range(len(prompts))) / len(prompts)
+    mixed = sum(0 < sum(hits[i * k : (i + 1) * k]) < k for i in range(len(prompts))) / len(prompts)
     assert 0.1 <= sampled_acc <= 0.9, sampled_acc
     assert 0.1 <= greedy_acc <= 0.9, greedy_acc
     assert mixed >= 0.3, mixed  # many groups carry reward variance
@@ -155,8 +167,12 @@ def test_build_char_tokenizer_custom_alphabet():
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"alphabet": ""}, "alphabet"), ({"alphabet": "aa"}, "alphabet"), ({"alphabet": "a b"}, "alphabet"),
-     ({"model_max_length": 0}, "model_max_length")],
+    [
+        ({"alphabet": ""}, "alphabet"),
+        ({"alphabet": "aa"}, "alphabet"),
+        ({"alphabet": "a b"}, "alphabet"),
+        ({"model_max_length": 0}, "model_max_length"),
+    ],
 )
 def test_build_char_tokenizer_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _distributed import free_port, init_gloo
 from torch import nn
 
 from lit_entropy.rollout.base import SamplingConfig
@@ -378,17 +377,9 @@ def test_generation_errors_are_wrapped(engine, vllm_model_dir):
     assert engine.generate(policy, ids, mask, SamplingConfig(1, max_new_tokens=2)).sequences.shape[0] == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fsdp2_worker(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
     """One rank: FSDP2-shard a perturbed policy, push it (DTensor all-gathers) into its own engine, sample."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
-    )
+    init_gloo(rank, world_size, port)
     try:
         torch.set_num_threads(1)
         from torch.distributed.device_mesh import init_device_mesh
@@ -430,9 +421,7 @@ def _fsdp2_worker(rank: int, world_size: int, port: int, model_dir: str, out_dir
 def test_fsdp2_ranks_push_gathered_weights_into_their_engines(vllm_model_dir, tmp_path):
     """2 gloo ranks, FSDP2 shards: engines share the trainer's process group, get full weights, close cleanly."""
     world_size = 2
-    mp.spawn(
-        _fsdp2_worker, args=(world_size, _free_port(), vllm_model_dir, str(tmp_path)), nprocs=world_size, join=True
-    )
+    mp.spawn(_fsdp2_worker, args=(world_size, free_port(), vllm_model_dir, str(tmp_path)), nprocs=world_size, join=True)
     for rank in range(world_size):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["external_launcher"] and result["pushes"] == 1, result

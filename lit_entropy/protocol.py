@@ -27,12 +27,14 @@ from torch import Tensor
 __all__ = [
     "TokenMaskContext",
     "TokenMaskProvider",
+    "TokenMaskObserver",
     "TokenMaskingModule",
     "TokenPenaltyProvider",
     "check_token_masking_module",
     "collect_keep_mask",
     "collect_token_penalty",
     "required_token_mask_fields",
+    "token_mask_observers",
     "token_mask_providers",
     "token_penalty_providers",
 ]
@@ -98,6 +100,17 @@ class TokenPenaltyProvider(Protocol):
 
 
 @runtime_checkable
+class TokenMaskObserver(Protocol):
+    """A callback that reads the batch together with the final keep mask (e.g. a diagnostic)."""
+
+    required_fields: frozenset[str]
+
+    def observe_keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
+        """See the context and the AND of every provider's mask. Called on every rank."""
+        ...
+
+
+@runtime_checkable
 class TokenMaskingModule(Protocol):
     """A LightningModule that asks :class:`TokenMaskProvider` callbacks for keep masks."""
 
@@ -138,16 +151,21 @@ def token_penalty_providers(trainer: Any) -> list[TokenPenaltyProvider]:
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenPenaltyProvider)]
 
 
+def token_mask_observers(trainer: Any) -> list[TokenMaskObserver]:
+    """The trainer's callbacks that implement :class:`TokenMaskObserver`, in callback order."""
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenMaskObserver)]
+
+
 def required_token_mask_fields(trainer: Any) -> frozenset[str]:
     """Union of the fields all providers need: tells the module what its no-grad pass must compute."""
     needed: frozenset[str] = frozenset()
-    for provider in [*token_mask_providers(trainer), *token_penalty_providers(trainer)]:
+    for provider in [*token_mask_providers(trainer), *token_penalty_providers(trainer), *token_mask_observers(trainer)]:
         needed |= frozenset(provider.required_fields)
     return needed
 
 
 def collect_keep_mask(trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
-    """AND of ``context.mask`` with every provider's keep mask. Call it on every rank.
+    """AND of ``context.mask`` with every provider's keep mask; observers then see the result. Call it on every rank.
 
     Returns:
         bool ``[B, T]``: True where a token stays in the loss.
@@ -161,6 +179,8 @@ def collect_keep_mask(trainer: Any, pl_module: Any, context: TokenMaskContext) -
                 f"expected torch.bool {tuple(keep.shape)}"
             )
         keep &= provided
+    for observer in token_mask_observers(trainer):
+        observer.observe_keep_mask(trainer, pl_module, context, keep)
     return keep
 
 

@@ -202,3 +202,23 @@ def test_prediction_matches_the_realised_change_of_a_free_logit_policy():
     ):
         assert f"train/dynamics/{name}" in trainer.callback_metrics, name
     assert math.isfinite(float(trainer.callback_metrics["train/dynamics/centred_s_mean"]))
+
+
+def test_prediction_sums_only_over_the_tokens_that_stay_in_the_loss():
+    """observe(context, keep) predicts like a context whose mask is keep, but measures entropy on every token."""
+    gen = torch.Generator().manual_seed(3)
+    mask = torch.rand(4, 6, generator=gen) < 0.9
+    keep = mask & (torch.rand(4, 6, generator=gen) < 0.6)
+    fields = {
+        "advantages": torch.randn(4, 1, generator=gen).expand(4, 6).contiguous(),
+        "discriminator": torch.randn(4, 6, generator=gen),
+        "policy_average": 0.1 * torch.randn(4, 6, generator=gen),
+        "entropy": torch.rand(4, 6, generator=gen),
+    }
+    with_keep = EntropyDynamicsMonitor().observe(TokenMaskContext(mask=mask, **fields), keep)
+    as_mask = EntropyDynamicsMonitor().observe(TokenMaskContext(mask=keep, **fields))
+    full = EntropyDynamicsMonitor().observe(TokenMaskContext(mask=mask, **fields))
+    for key in ("train/dynamics/predicted", "train/dynamics/predicted_a_neg_d_neg"):
+        assert with_keep[key] == pytest.approx(as_mask[key])
+    assert with_keep["train/dynamics/entropy"] == pytest.approx(full["train/dynamics/entropy"])
+    assert with_keep["train/dynamics/predicted"] != pytest.approx(full["train/dynamics/predicted"])

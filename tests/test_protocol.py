@@ -93,3 +93,21 @@ def test_bad_shapes_and_dtypes_are_named():
 
     with pytest.raises(ValueError, match=r"_Bad.keep_mask returned"):
         collect_keep_mask(SimpleNamespace(callbacks=[_Bad()]), None, _context())
+
+
+def test_observers_see_the_final_and_of_all_providers():
+    seen = []
+
+    class _Observer:
+        required_fields = frozenset({"entropy"})
+
+        def observe_keep_mask(self, trainer, pl_module, context, keep):
+            seen.append(keep.clone())
+
+    observer = _Observer()
+    # The observer comes first in callback order but still sees the mask after every provider.
+    trainer = SimpleNamespace(callbacks=[observer, _Drop([0]), _Drop([2])])
+    keep = collect_keep_mask(trainer, None, _context())
+    assert len(seen) == 1 and torch.equal(seen[0], keep)
+    assert keep.tolist() == [[False, True, False, False], [False, True, False, False]]
+    assert required_token_mask_fields(trainer) == {"mask", "entropy"}

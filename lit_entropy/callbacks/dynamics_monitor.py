@@ -51,19 +51,20 @@ def quadrant_sums(
 class EntropyDynamicsMonitor(Callback):
     """Per rollout batch: predicted entropy change by quadrant, and the realised change one batch later.
 
-    A :class:`~lit_entropy.protocol.TokenMaskProvider` that only observes: it returns
-    ``context.mask`` unchanged. Works with any module implementing the protocol.
+    A :class:`~lit_entropy.protocol.TokenMaskObserver`: it sees each rollout batch together with the
+    final keep mask (the AND of every provider's mask) and changes nothing. Works with any module
+    implementing the protocol.
 
     **What "predicted" means.** THEORY §2: a policy-gradient step that moves the logits of a position
     by ``alpha (e_k - p)``, ``alpha = eta * r * A``, changes its entropy by ``-alpha (S_k - E_p[S])``
-    to first order. The monitor logs ``sum over valid tokens of -A * (S_k - E_p[S])`` (``r = 1``,
-    on-policy), split by the sign of ``A`` and of ``D_c = S_k - E_p[S]``. Units: nats per unit step
+    to first order. The monitor logs ``sum of -A * (S_k - E_p[S])`` (``r = 1``, on-policy) over the
+    tokens that stay in the loss, split by the sign of ``A`` and of ``D_c = S_k - E_p[S]``. Units: nats per unit step
     size in logit space; it is proportional to the entropy change the update would cause if every
     position's logits were free parameters. It ignores the coupling of positions through shared
     weights, the loss normalisation, the optimizer (Adam rescales) and the PPO clip (no token is
     clipped at the first on-policy update), so compare *signs and relative sizes*, not magnitudes.
-    Statistics are over the global batch (all-reduced), before other providers' masks (a provider
-    cannot see them).
+    Statistics are over the global batch (all-reduced); ``entropy``, ``s_mean`` and ``centred_s_mean``
+    cover every response token, masked or not.
 
     **Realised.** At the next rollout batch the monitor logs ``realised = H_now - H_prev`` (the global
     mean token entropy of the rollout batches, each under its own rollout policy; different prompts,
@@ -94,19 +95,23 @@ class EntropyDynamicsMonitor(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         check_token_masking_module(pl_module, self.required_fields, "EntropyDynamicsMonitor")
 
-    def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
-        """Observe the batch and return ``context.mask`` unchanged. Must be called on every rank."""
-        metrics = self.observe(context)
+    def observe_keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
+        """:class:`~lit_entropy.protocol.TokenMaskObserver`: predict over the tokens that stay in the loss."""
+        metrics = self.observe(context, keep)
         log = getattr(pl_module, "log", None)
         if log is not None and getattr(pl_module, "_trainer", None) is not None:
             for name, value in metrics.items():
                 log(name, value, on_step=True, on_epoch=False, batch_size=1)
-        return context.mask.clone()
 
-    def observe(self, context: TokenMaskContext) -> dict[str, float]:
-        """Update the state from one rollout batch; returns the metrics (also kept when ``keep_history``)."""
+    def observe(self, context: TokenMaskContext, keep: Tensor | None = None) -> dict[str, float]:
+        """Update the state from one rollout batch; returns the metrics (also kept when ``keep_history``).
+
+        ``keep`` (default ``context.mask``) are the tokens that carry a gradient: the prediction sums
+        over them, while the entropy statistics cover every response token.
+        """
         mask = context.mask
-        sums, _ = quadrant_sums(context.discriminator, context.policy_average, context.advantages, mask)
+        keep = mask if keep is None else keep & mask
+        sums, _ = quadrant_sums(context.discriminator, context.policy_average, context.advantages, keep)
         zero = torch.zeros((), dtype=torch.float64, device=mask.device)
         s = context.discriminator.detach().to(torch.float64)
         centred = s - context.policy_average.detach().to(torch.float64)

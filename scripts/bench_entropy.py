@@ -53,8 +53,9 @@ def _chunked(logits, token_ids, backward: bool, chunk_size: int | None):
     return out
 
 
-def _worker(rows: int, vocab: int, variant: str, repeats: int, threads: int, backward: bool,
-            chunk_size: int | None, queue) -> None:
+def _worker(
+    rows: int, vocab: int, variant: str, repeats: int, threads: int, backward: bool, chunk_size: int | None, queue
+) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
@@ -64,8 +65,11 @@ def _worker(rows: int, vocab: int, variant: str, repeats: int, threads: int, bac
     logits = torch.empty(rows, vocab).normal_(generator=gen).mul_(3.0)
     token_ids = torch.randint(0, vocab, (rows,), generator=gen)
     logits.requires_grad_(backward)
-    fn = (lambda: _naive(logits, token_ids, backward)) if variant == "naive" else (
-        lambda: _chunked(logits, token_ids, backward, chunk_size))
+    fn = (
+        (lambda: _naive(logits, token_ids, backward))
+        if variant == "naive"
+        else (lambda: _chunked(logits, token_ids, backward, chunk_size))
+    )
     base_kib = _proc_status_kib("VmRSS")
     if _proc_status_kib("VmHWM") > base_kib + 4096:
         raise RuntimeError("peak RSS already above the baseline before the run; the measurement would be hidden")
@@ -79,11 +83,13 @@ def _worker(rows: int, vocab: int, variant: str, repeats: int, threads: int, bac
         if i > 0:
             times.append(dt)
     logits.grad = None
-    queue.put({
-        "time_s": statistics.median(times),
-        "extra_bytes": (_proc_status_kib("VmHWM") - base_kib) * 1024,
-        "logits_bytes": logits.numel() * logits.element_size(),
-    })
+    queue.put(
+        {
+            "time_s": statistics.median(times),
+            "extra_bytes": (_proc_status_kib("VmHWM") - base_kib) * 1024,
+            "logits_bytes": logits.numel() * logits.element_size(),
+        }
+    )
 
 
 def _measure(ctx, **kwargs) -> dict:
@@ -111,24 +117,36 @@ def main(argv: list[str] | None = None) -> None:
 
     ctx = mp.get_context("spawn")
     mode = "forward+backward" if args.backward else "forward"
-    print(f"entropy_stats(policy_average=True) vs naive full softmax, {mode}, float32, "
-          f"V={args.vocab}, threads={args.threads}, repeats={args.repeats} (+1 warm-up), "
-          f"chunk_size={args.chunk_size or 'default'}")
-    header = (f"{'rows':>6} {'logits MB':>10} {'naive s':>9} {'chunked s':>10} {'time ratio':>11} "
-              f"{'naive extra MB':>15} {'chunked extra MB':>17} {'chunked extra/logits':>21} "
-              f"{'naive extra/logits':>19}")
+    print(
+        f"entropy_stats(policy_average=True) vs naive full softmax, {mode}, float32, "
+        f"V={args.vocab}, threads={args.threads}, repeats={args.repeats} (+1 warm-up), "
+        f"chunk_size={args.chunk_size or 'default'}"
+    )
+    header = (
+        f"{'rows':>6} {'logits MB':>10} {'naive s':>9} {'chunked s':>10} {'time ratio':>11} "
+        f"{'naive extra MB':>15} {'chunked extra MB':>17} {'chunked extra/logits':>21} "
+        f"{'naive extra/logits':>19}"
+    )
     print(header)
     for rows in args.rows:
-        common = {"rows": rows, "vocab": args.vocab, "repeats": args.repeats, "threads": args.threads,
-                  "backward": args.backward, "chunk_size": args.chunk_size}
+        common = {
+            "rows": rows,
+            "vocab": args.vocab,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "backward": args.backward,
+            "chunk_size": args.chunk_size,
+        }
         naive = _measure(ctx, variant="naive", **common)
         chunked = _measure(ctx, variant="chunked", **common)
         mb = 1024.0**2
         size = chunked["logits_bytes"]
-        print(f"{rows:>6} {size / mb:>10.1f} {naive['time_s']:>9.3f} {chunked['time_s']:>10.3f} "
-              f"{chunked['time_s'] / naive['time_s']:>11.3f} {naive['extra_bytes'] / mb:>15.1f} "
-              f"{chunked['extra_bytes'] / mb:>17.1f} {chunked['extra_bytes'] / size:>21.3f} "
-              f"{naive['extra_bytes'] / size:>19.3f}")
+        print(
+            f"{rows:>6} {size / mb:>10.1f} {naive['time_s']:>9.3f} {chunked['time_s']:>10.3f} "
+            f"{chunked['time_s'] / naive['time_s']:>11.3f} {naive['extra_bytes'] / mb:>15.1f} "
+            f"{chunked['extra_bytes'] / mb:>17.1f} {chunked['extra_bytes'] / size:>21.3f} "
+            f"{naive['extra_bytes'] / size:>19.3f}"
+        )
         # Targets: extra memory <= 0.25x logits (plus the unavoidable logits-sized gradient when
         # --backward), time <= 1.2x naive.
         mem_limit = 0.25 + (1.0 if args.backward else 0.0)

@@ -56,8 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mask_steps", type=int, default=60, help="(b) steps per selective-masking condition")
     parser.add_argument("--batch_prompts", type=int, default=16, help="prompts per rollout batch (x group 8)")
     parser.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate of (e)")
-    parser.add_argument("--mask_sgd_lr", type=float, default=0.02,
-                        help="(b) plain SGD step size (THEORY §2 is about gradient steps; Adam rescales them)")
+    parser.add_argument(
+        "--mask_sgd_lr",
+        type=float,
+        default=0.02,
+        help="(b) plain SGD step size (THEORY §2 is about gradient steps; Adam rescales them)",
+    )
     # The paper's mu (2.5 / 8.5) masks nothing on the tiny task (see the mu sweep, section d): the
     # defaults are taken from the sweep so that each method masks ~1-4% of the tokens.
     parser.add_argument("--clip_b_mu", type=float, default=1.5, help="(e) Clip_B mu (paper: 2.5)")
@@ -110,8 +114,14 @@ def _module(full_denominator: bool = False, **kwargs: Any):
             return max(self._response_tokens, 1.0)
 
     options = dict(
-        group_size=8, max_new_tokens=6, temperature=1.0, lr=3e-4, val_num_samples=8, val_temperature=1.0,
-        export_on_train_end=False, log_samples_every_n_steps=0,
+        group_size=8,
+        max_new_tokens=6,
+        temperature=1.0,
+        lr=3e-4,
+        val_num_samples=8,
+        val_temperature=1.0,
+        export_on_train_end=False,
+        log_samples_every_n_steps=0,
     )
     options.update(kwargs)
     return (FullDenominator if full_denominator else RFTModule)(None, **options)
@@ -139,8 +149,14 @@ def _batch_stats(module: Any, batch: dict[str, Any]) -> dict[str, Tensor]:
     stats = entropy_stats(logits.double(), rollout.responses, policy_average=True)
     adv = grpo_advantages(rewards, module.hparams.group_size).double().unsqueeze(-1).expand_as(stats.entropy)
     return {
-        "rollout": rollout, "rewards": rewards, "mask": mask, "adv": adv.contiguous(), "S": stats.discriminator,
-        "avg": stats.policy_average, "H": stats.entropy, "logp": stats.logprobs,
+        "rollout": rollout,
+        "rewards": rewards,
+        "mask": mask,
+        "adv": adv.contiguous(),
+        "S": stats.discriminator,
+        "avg": stats.policy_average,
+        "H": stats.entropy,
+        "logp": stats.logprobs,
     }
 
 
@@ -200,7 +216,7 @@ def first_order_check(args: argparse.Namespace) -> dict[str, Any]:
     move(-eps)
     h_minus = entropies()
     directional = (h_plus - h_minus) / (2 * eps)  # dH_i per unit step along -g
-    theory = (-adv * (st["S"] - st["avg"]))  # THEORY §2 per position (scale-free: logits as free parameters)
+    theory = -adv * (st["S"] - st["avg"])  # THEORY §2 per position (scale-free: logits as free parameters)
     rows = []
     for norm in (3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001):
         eta = norm / gnorm
@@ -290,8 +306,9 @@ class ProbeEntropy(Callback):
         from lit_entropy.functional import entropy_stats
 
         mask = self.rollout.response_mask
-        logits, _ = pl_module._forward(pl_module.policy, self.rollout.sequences, self.rollout.attention_mask,
-                                       mask.shape[1])
+        logits, _ = pl_module._forward(
+            pl_module.policy, self.rollout.sequences, self.rollout.attention_mask, mask.shape[1]
+        )
         return float(entropy_stats(logits, self.rollout.responses).entropy[mask].double().mean())
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -361,7 +378,13 @@ def selective_masking(args: argparse.Namespace) -> dict[str, Any]:
     for name, (adv_sign, s_sign, expected) in CONDITIONS.items():
         probe = ProbeEntropy(probe_batch)
         recorder, _ = _fit(
-            args, 0, args.mask_steps, [SelectiveMask(adv_sign, s_sign), probe], False, 1, sgd_lr=args.mask_sgd_lr,
+            args,
+            0,
+            args.mask_steps,
+            [SelectiveMask(adv_sign, s_sign), probe],
+            False,
+            1,
+            sgd_lr=args.mask_sgd_lr,
             full_denominator=True,
         )
         rollout_entropy = [row.get("train/entropy", math.nan) for row in recorder.train]
@@ -511,8 +534,9 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         axes[0].plot([r["mu"] for r in d["clip_b"]], [r["frac"] for r in d["clip_b"]], "o-")
         axes[0].set_title("(d) Clip_B")
         axes[1].plot([r["mu"] for r in d["clip_v"]], [r["frac"] for r in d["clip_v"]], "o-", label="no cap")
-        axes[1].plot([r["mu"] for r in d["clip_v"]], [r["frac_capped_1e-2"] for r in d["clip_v"]], "s--",
-                     label="cap 1e-2")
+        axes[1].plot(
+            [r["mu"] for r in d["clip_v"]], [r["frac_capped_1e-2"] for r in d["clip_v"]], "s--", label="cap 1e-2"
+        )
         axes[1].set_title("(d) Clip_V")
         axes[1].legend(fontsize=7)
         for ax in axes:
@@ -591,16 +615,23 @@ def _summary_e(results_e: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace) -> str:
     fmt = lambda ms: f"{ms[0]:.4f} ± {ms[1]:.4f}"  # noqa: E731
-    lines = ["# Entropy dynamics on the tiny model", "", f"Command: `{results['command']}`  ",
-             f"Wall time: {results['seconds']:.0f} s, torch threads {args.threads}.", ""]
+    lines = [
+        "# Entropy dynamics on the tiny model",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Wall time: {results['seconds']:.0f} s, torch threads {args.threads}.",
+        "",
+    ]
     if "a" in results and "steps" in results["a"]:
         a = results["a"]
         lines += [
-            "## (a) First-order check (one SGD step on the token-mean GRPO loss)", "",
+            "## (a) First-order check (one SGD step on the token-mean GRPO loss)",
+            "",
             f"{a['num_sequences']} sequences, {a['num_tokens']} response tokens "
             f"({a['num_tokens_with_gradient']} with A != 0), ||g|| = {a['grad_norm']:.3g}. "
             "'exact first order' = directional derivative of each position's entropy along the step; "
-            "'-A(S-E_p[S])' = THEORY §2 per position (logits as free parameters, no coupling).", "",
+            "'-A(S-E_p[S])' = THEORY §2 per position (logits as free parameters, no coupling).",
+            "",
             "| step norm | mean dH measured | mean dH 1st order | sign (1st order) | corr (1st order) "
             "| rel. err (1st order) | sign (-A D_c) | corr (-A D_c) |",
             "|---|---|---|---|---|---|---|---|",
@@ -611,17 +642,26 @@ def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace)
                 f"{r['sign_first_order']:.3f} | {r['corr_first_order']:.3f} | {r['rel_err_first_order']:.3f} | "
                 f"{r['sign_theory']:.3f} | {r['corr_theory']:.3f} |"
             )
-        lines += ["", f"Per-position formula vs exact first order: sign {a['theory_vs_directional_sign']:.3f}, "
-                  f"corr {a['theory_vs_directional_corr']:.3f}. Batch totals: sum of -A(S-E_p[S]) = "
-                  f"{a['theory_total']:.3e}, exact first-order sum dH/d(step) = {a['directional_total']:.3e}.", ""]
+        lines += [
+            "",
+            f"Per-position formula vs exact first order: sign {a['theory_vs_directional_sign']:.3f}, "
+            f"corr {a['theory_vs_directional_corr']:.3f}. Batch totals: sum of -A(S-E_p[S]) = "
+            f"{a['theory_total']:.3e}, exact first-order sum dH/d(step) = {a['directional_total']:.3e}.",
+            "",
+        ]
     if "b" in results:
-        lines += ["## (b) Selective masking", "",
-                  "Plain SGD (step size --mask_sgd_lr) on the token-mean loss over all response tokens (masked ones "
-                  "contribute 0, so kept tokens get plain GRPO's per-token step). Entropy of a fixed probe set of "
-                  "sequences (sampled once from the starting policy) after each step; 'rollout slope' is the slope "
-                  "of the noisier per-batch rollout entropy.", "",
-                  "| condition | theory | entropy start | entropy end | slope/step | rollout slope/step "
-                  "| kept tokens | direction ok |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## (b) Selective masking",
+            "",
+            "Plain SGD (step size --mask_sgd_lr) on the token-mean loss over all response tokens (masked ones "
+            "contribute 0, so kept tokens get plain GRPO's per-token step). Entropy of a fixed probe set of "
+            "sequences (sampled once from the starting policy) after each step; 'rollout slope' is the slope "
+            "of the noisier per-batch rollout entropy.",
+            "",
+            "| condition | theory | entropy start | entropy end | slope/step | rollout slope/step "
+            "| kept tokens | direction ok |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, r in results["b"].items():
             kept = [k for k in r["kept_frac"] if math.isfinite(k)]
             lines.append(
@@ -632,25 +672,40 @@ def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace)
         lines.append("")
     if "c" in results:
         c = results["c"]
-        lines += ["## (c) Centred baseline", "",
-                  f"Over {c['num_steps']} GRPO steps: mean |batch mean S| = {c['abs_s_mean']:.3e}, "
-                  f"mean |batch mean (S - E_p[S])| = {c['abs_centred_mean']:.3e}, ratio {c['ratio']:.1f}x.", ""]
+        lines += [
+            "## (c) Centred baseline",
+            "",
+            f"Over {c['num_steps']} GRPO steps: mean |batch mean S| = {c['abs_s_mean']:.3e}, "
+            f"mean |batch mean (S - E_p[S])| = {c['abs_centred_mean']:.3e}, ratio {c['ratio']:.1f}x.",
+            "",
+        ]
     if "d" in results:
         d = results["d"]
-        lines += ["## (d) mu sweep", "", f"{d['num_tokens']} tokens of the starting policy's rollouts.", "",
-                  "| Clip_B mu | masked |", "|---|---|"]
+        lines += [
+            "## (d) mu sweep",
+            "",
+            f"{d['num_tokens']} tokens of the starting policy's rollouts.",
+            "",
+            "| Clip_B mu | masked |",
+            "|---|---|",
+        ]
         lines += [f"| {r['mu']} | {r['frac']:.4f} |" for r in d["clip_b"]]
         lines += ["", "| Clip_V mu | masked (no cap) | masked (cap 1e-2) |", "|---|---|---|"]
         lines += [f"| {r['mu']} | {r['frac']:.4f} | {r['frac_capped_1e-2']:.4f} |" for r in d["clip_v"]]
         lines.append("")
     if "e" in results:
-        lines += [f"## (e) GRPO vs Clip_B vs Clip_V ({args.seeds} seeds, {args.steps} steps, "
-                  f"val {args.val_prompts} prompts x K={args.val_k}, mean ± std)", "",
-                  f"Clip_B mu={args.clip_b_mu}, Clip_V mu={args.clip_v_mu} max_frac={args.clip_v_max_frac}; AdamW "
-                  f"lr {args.lr}. 'monitor sign agreement': share of steps where the sign of the monitor's predicted "
-                  "change matched the realised change of the rollout entropy at the next step.", "",
-                  "| method | entropy start | entropy end | val avg@K start | val avg@K end | val pass@K end "
-                  "| masked frac | monitor sign agreement |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## (e) GRPO vs Clip_B vs Clip_V ({args.seeds} seeds, {args.steps} steps, "
+            f"val {args.val_prompts} prompts x K={args.val_k}, mean ± std)",
+            "",
+            f"Clip_B mu={args.clip_b_mu}, Clip_V mu={args.clip_v_mu} max_frac={args.clip_v_max_frac}; AdamW "
+            f"lr {args.lr}. 'monitor sign agreement': share of steps where the sign of the monitor's predicted "
+            "change matched the realised change of the rollout entropy at the next step.",
+            "",
+            "| method | entropy start | entropy end | val avg@K start | val avg@K end | val pass@K end "
+            "| masked frac | monitor sign agreement |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in results["e_summary"]:
             lines.append(
                 f"| {r['method']} | {fmt(r['entropy_start'])} | {fmt(r['entropy_end'])} | {fmt(r['val_avg_start'])} "

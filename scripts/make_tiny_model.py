@@ -121,8 +121,13 @@ def evaluate(
     max_answer = max(len(ex["answer"]) for ex in examples)
     gen_kwargs = {"do_sample": False, "num_return_sequences": 1}
     if temperature is not None:
-        gen_kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
-                      "num_return_sequences": samples}
+        gen_kwargs = {
+            "do_sample": True,
+            "temperature": temperature,
+            "top_k": 0,
+            "top_p": 1.0,
+            "num_return_sequences": samples,
+        }
     torch.manual_seed(seed)
     out = model.generate(
         **enc,
@@ -177,8 +182,11 @@ def main(argv: list[str] | None = None) -> None:
         step += 1
         if step % args.eval_every == 0:
             acc, mixed = evaluate(model, tokenizer, val_small, temperature=1.0, samples=4, seed=args.seed)
-            print(f"step={step} loss={loss.item():.4f} val_acc@T1={acc:.3f} mixed={mixed:.2f} "
-                  f"t={time.perf_counter() - t0:.0f}s", flush=True)
+            print(
+                f"step={step} loss={loss.item():.4f} val_acc@T1={acc:.3f} mixed={mixed:.2f} "
+                f"t={time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
             if acc >= args.target_acc:
                 break
     if acc < args.target_acc:
@@ -189,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
         a, m = evaluate(model, tokenizer, val_final, temperature=temp, samples=args.samples, seed=args.seed + 1)
         results[f"val_acc_{name}"] = round(a, 4)
         results[f"mixed_frac_{name}"] = round(m, 4)
-    results["val_acc_greedy"] = round(evaluate(model, tokenizer, val_final, temperature=None, samples=1,
-                                               seed=args.seed)[0], 4)
+    results["val_acc_greedy"] = round(
+        evaluate(model, tokenizer, val_final, temperature=None, samples=1, seed=args.seed)[0], 4
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
@@ -204,10 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
     (args.out / "sft_report.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
-    print(f"wrote {args.out} ({size / 2**20:.2f} MiB, {n_params} params, {step} SFT steps, "
-          f"sampled val acc T=1.0 {results['val_acc_T1.0']:.3f}, T=0.7 {results['val_acc_T0.7']:.3f}, "
-          f"greedy {results['val_acc_greedy']:.3f}; prompts with 0<correct<{args.samples} at T=1.0: "
-          f"{results['mixed_frac_T1.0']:.2f})")
+    print(
+        f"wrote {args.out} ({size / 2**20:.2f} MiB, {n_params} params, {step} SFT steps, "
+        f"sampled val acc T=1.0 {results['val_acc_T1.0']:.3f}, T=0.7 {results['val_acc_T0.7']:.3f}, "
+        f"greedy {results['val_acc_greedy']:.3f}; prompts with 0<correct<{args.samples} at T=1.0: "
+        f"{results['mixed_frac_T1.0']:.2f})"
+    )
     assert math.isfinite(loss.item())
 
 

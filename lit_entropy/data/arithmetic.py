@@ -60,8 +60,10 @@ def _validate(split: str, max_operand: int, operations: str, seed: int) -> None:
         or any(op not in ARITHMETIC_OPERATIONS for op in operations)
         or len(set(operations)) != len(operations)
     ):
-        raise ValueError(f"operations must be a non-empty string of distinct chars from "
-                         f"{ARITHMETIC_OPERATIONS!r}, got {operations!r}")
+        raise ValueError(
+            f"operations must be a non-empty string of distinct chars from "
+            f"{ARITHMETIC_OPERATIONS!r}, got {operations!r}"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
 

@@ -62,8 +62,9 @@ class EntropyStats(NamedTuple):
     policy_average: Tensor | None
 
 
-def default_chunk_rows(vocab_size: int, *, device: torch.device | str | None = None,
-                       chunk_bytes: int | None = None) -> int:
+def default_chunk_rows(
+    vocab_size: int, *, device: torch.device | str | None = None, chunk_bytes: int | None = None
+) -> int:
     """Rows per chunk so that one float32 ``[rows, vocab_size]`` buffer takes about ``chunk_bytes``.
 
     Args:
@@ -422,8 +423,11 @@ def predicted_entropy_change(
     lr_f = float(lr)
     if not (math.isfinite(lr_f) and lr_f >= 0.0):
         raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
-    shapes = {"discriminator": discriminator.shape, "policy_average": policy_average.shape,
-              "advantages": advantages.shape}
+    shapes = {
+        "discriminator": discriminator.shape,
+        "policy_average": policy_average.shape,
+        "advantages": advantages.shape,
+    }
     if ratio is not None:
         shapes["ratio"] = ratio.shape
     try:

@@ -35,5 +35,10 @@ def masked_moments(values: Tensor, mask: Tensor) -> Tensor:
         Tensor of shape ``[3]``: ``(count, sum, sum of squares)``.
     """
     selected = values.detach().to(torch.float64)[mask]
-    return torch.stack([torch.tensor(float(selected.numel()), dtype=torch.float64, device=values.device),
-                        selected.sum(), selected.square().sum()])
+    return torch.stack(
+        [
+            torch.tensor(float(selected.numel()), dtype=torch.float64, device=values.device),
+            selected.sum(),
+            selected.square().sum(),
+        ]
+    )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,10 @@ class ResumableCheckpointing(Callback):
     * validation inside ``fit`` leaves the training RNG stream unchanged (state taken at the end of the
       training batch, restored after validation), so a checkpoint written before or after a validation
       pass, and a resumed run that repeats or skips one, continue the same training stream.
+    * Ctrl-C with several processes: a SIGINT handler (main thread) only records the request; at the end of
+      the current training batch the ranks agree on it (one all-reduce per batch), all of them write
+      ``<log_dir>/checkpoints/interrupted.ckpt`` together (saving is collective under FSDP2) and the run
+      stops cleanly. A second Ctrl-C interrupts at once, as usual.
     * ``on_exception`` with ``KeyboardInterrupt`` (single process): writes ``<log_dir>/checkpoints/interrupted.ckpt``.
       When the interrupt lands inside a training batch the checkpoint describes the state at the start of
       that batch (RNG state and data position rewound), so the resumed run redoes the batch. Optimizer
@@ -165,6 +171,8 @@ class ResumableCheckpointing(Callback):
         self._step_start_state: dict[str, Any] | None = None
         self._val_state: dict[str, Any] | None = None
         self._saving_mid_step = False
+        self._stop_requested = False
+        self._previous_sigint: Any = None
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -205,6 +213,26 @@ class ResumableCheckpointing(Callback):
             self._pending = None
         # A resumed run may validate before its first batch (Lightning repeats an interrupted check).
         self._val_state = get_rng_state()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if self.interrupt_checkpoint and trainer.world_size > 1 and in_main_thread:
+            self._stop_requested = False
+            self._previous_sigint = signal.signal(signal.SIGINT, self._request_stop)
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+        # The next Ctrl-C goes to the previous handler (normally: KeyboardInterrupt at once).
+        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        self._previous_sigint = None
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_sigint()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore_sigint()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._step_start_state = get_rng_state()
@@ -216,6 +244,17 @@ class ResumableCheckpointing(Callback):
         # Snapshot before a validation pass can start: Lightning creates the validation iterator (a draw
         # from the global RNG) before any validation hook runs.
         self._val_state = get_rng_state()
+        if self._previous_sigint is not None:
+            # Every rank joins, so all of them see a Ctrl-C that reached any of them.
+            requested = torch.tensor([float(self._stop_requested)], device=pl_module.device)
+            if _world()[1] > 1:
+                dist.all_reduce(requested, op=dist.ReduceOp.MAX)
+            if requested.item() > 0:
+                path = _interrupt_checkpoint_path(trainer)
+                trainer.save_checkpoint(path)
+                trainer.should_stop = True
+                self.interrupted_path = path
+                rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path)")
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._val_state = get_rng_state()
@@ -231,12 +270,14 @@ class ResumableCheckpointing(Callback):
             return
         if trainer.world_size > 1:
             # Saving is collective (FSDP2 gathers shards); ranks interrupted at different points would hang.
-            rank_zero_warn("KeyboardInterrupt with several processes: no interrupt checkpoint written")
+            rank_zero_warn(
+                "KeyboardInterrupt with several processes (a second Ctrl-C, or one outside the training loop):"
+                " no interrupt checkpoint written"
+            )
             return
         if trainer.state.fn != "fit" or (trainer.global_step == 0 and self._step_start_state is None):
             return
-        root = trainer.log_dir or trainer.default_root_dir
-        path = Path(root) / "checkpoints" / "interrupted.ckpt"
+        path = _interrupt_checkpoint_path(trainer)
         self._saving_mid_step = self._step_start_state is not None
         try:
             trainer.save_checkpoint(path)
@@ -244,6 +285,10 @@ class ResumableCheckpointing(Callback):
             self._saving_mid_step = False
         self.interrupted_path = path
         rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _interrupt_checkpoint_path(trainer: Trainer) -> Path:
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "interrupted.ckpt"
 
 
 def _load_pending_loader_states(trainer: Trainer) -> None:

@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -105,6 +106,17 @@ class Recorder(Callback):
         self.rows.append({k: float(metrics[k]) for k in COMPARED if k in metrics})
 
 
+class InterruptRank1(Callback):
+    """Sends SIGINT to rank 1 only, at the start of training batch ``batch``: the Ctrl-C of one process."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 1 and batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def run(
     model: str,
     out: str,
@@ -113,6 +125,7 @@ def run(
     batches: int = 2,
     max_steps: int = -1,
     ckpt_path: str | None = None,
+    sigint_rank1_batch: int | None = None,
     **module_options,
 ) -> None:
     """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
@@ -155,7 +168,12 @@ def run(
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out,
-        callbacks=[recorder, EntropyDiscriminatorClipping("clip_b", mu=0.5), *checkpoints],
+        callbacks=[
+            recorder,
+            EntropyDiscriminatorClipping("clip_b", mu=0.5),
+            *checkpoints,
+            *([InterruptRank1(sigint_rank1_batch)] if sigint_rank1_batch is not None else []),
+        ],
     )
     trainer.fit(module, data, ckpt_path=ckpt_path)
     state = full_state_dict(module.policy)  # collective under FSDP2
@@ -193,6 +211,7 @@ def main() -> None:
     parser.add_argument("--fsdp-param-dtype", default=None)
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--ckpt-path", default=None)
+    parser.add_argument("--sigint-rank1-batch", type=int, default=None)
     args = parser.parse_args()
     run(
         args.model,
@@ -205,6 +224,7 @@ def main() -> None:
         fsdp_param_dtype=args.fsdp_param_dtype,
         max_steps=args.max_steps,
         ckpt_path=args.ckpt_path,
+        sigint_rank1_batch=args.sigint_rank1_batch,
     )
 
 

@@ -111,13 +111,19 @@ def test_bf16_mixed_precision_trains(model_dir, single, tmp_path):
 
 @pytest.mark.ddp
 @pytest.mark.slow
-def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path):
+@pytest.mark.parametrize("stop", ["max_steps", "ctrl_c"])
+def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path, stop):
     """Stop 2 FSDP2 ranks after step 1 (consolidated checkpoint without the reference), resume: step 2
-    and the final weights equal the uninterrupted single-process run."""
+    and the final weights equal the uninterrupted single-process run. ``ctrl_c``: SIGINT reaches rank 1
+    only, during batch 0; both ranks finish the batch, write the interrupt checkpoint together and exit 0."""
     reference, ref_weights = single
-    first = _two_ranks(model_dir, tmp_path / "a", "--max-steps", "1")
+    if stop == "max_steps":
+        first = _two_ranks(model_dir, tmp_path / "a", "--max-steps", "1")
+        ckpt = tmp_path / "a" / "last.ckpt"
+    else:
+        first = _two_ranks(model_dir, tmp_path / "a", "--sigint-rank1-batch", "0")
+        ckpt = tmp_path / "a" / "checkpoints" / "interrupted.ckpt"
     assert first["global_step"] == 1 and len(first["rows"]) == 1
-    ckpt = tmp_path / "a" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)
     assert not any(k.startswith("ref_model.") for k in state["state_dict"])
     assert len(state["lit_entropy_rng_states"]) == 2  # one per rank

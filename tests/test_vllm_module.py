@@ -37,6 +37,8 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
         rollout="vllm",
         vllm_options={"max_model_len": 64, "gpu_memory_utilization": 0.1, "dtype": "float32"},
         rollout_is_threshold=2.0,
+        export_dir=str(tmp_path / "hf_model"),
+        lr=1e-2,  # large enough that the trained policy differs measurably from the shipped one
         group_size=4,
         max_new_tokens=4,
         val_num_samples=2,
@@ -58,3 +60,42 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     # bfloat16 and give gaps of ~4e-3): the gap is tiny but measured.
     assert 0 <= float(metrics["train/rollout_logprob_gap_mean"]) < 1e-4
     assert module.rollout_engine is None, "the engine the module created is closed at teardown"
+
+    # The exported policy is what vLLM serves: a fresh engine on the export directory samples with
+    # log-probs equal to the trained policy's.
+    import torch
+
+    from lit_entropy.functional import entropy_stats
+    from lit_entropy.rollout import SamplingConfig
+    from lit_entropy.rollout.vllm import VLLMRolloutEngine
+
+    tok = module.tokenizer
+    engine = VLLMRolloutEngine(
+        str(tmp_path / "hf_model"),
+        tok.eos_token_id,
+        tok.pad_token_id,
+        dtype="float32",
+        max_model_len=64,
+        gpu_memory_utilization=0.1,
+        initial_sync=False,
+    )
+    try:
+        engine.start()
+        enc = tok(["12+7=", "3-9="], return_tensors="pt", padding=True)
+        batch = engine.generate(
+            module.policy, enc["input_ids"], enc["attention_mask"], SamplingConfig(2, max_new_tokens=4)
+        )
+    finally:
+        engine.close()
+    with torch.no_grad():
+        logits, _ = module._forward(module.policy, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
+        trainer_logprobs = entropy_stats(logits, batch.responses).logprobs
+        from transformers import AutoModelForCausalLM
+
+        initial = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32)
+        logits, _ = module._forward(initial, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
+        initial_logprobs = entropy_stats(logits, batch.responses).logprobs
+    gap = (trainer_logprobs - batch.rollout_logprobs).abs()[batch.response_mask]
+    assert float(gap.max()) < 1e-4
+    moved = (initial_logprobs - batch.rollout_logprobs).abs()[batch.response_mask]
+    assert float(moved.max()) > 1e-3, "the export must hold the trained weights, not the shipped ones"

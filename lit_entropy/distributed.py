@@ -9,8 +9,11 @@ unit and frozen and trainable parameters never share one. The PPO value head is 
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +58,27 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Consolidated: the parent's path (an atomic file write). Sharded: every rank writes into a sibling
+        temp directory, which rank 0 then swaps in, so a crash mid-write leaves the previous checkpoint whole."""
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        tmp = path.with_name(f".{path.name}.tmp")  # the same name on every rank
+        if self.global_rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.barrier("lit_entropy_checkpoint_tmp")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("lit_entropy_checkpoint_written")
+        if self.global_rank == 0:
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        self.barrier("lit_entropy_checkpoint_swapped")
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -272,3 +272,45 @@ def test_plain_iteration_reshuffles_each_pass():
     loader = _loader(12, 4)
     first, second = [[b.tolist() for b in loader] for _ in range(2)]
     assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(12))
+
+
+def test_sharded_checkpoint_writes_are_atomic(tiny_model_dir, tmp_path, monkeypatch):
+    """save_distributed_checkpoint=True: a crash while writing leaves the previous sharded checkpoint whole."""
+    import lightning.pytorch.strategies.model_parallel as model_parallel
+    from lightning.pytorch import Trainer
+
+    from lit_entropy.data.datamodule import PromptDataModule
+    from lit_entropy.distributed import FSDP2Strategy
+    from lit_entropy.module import RFTModule
+
+    module = RFTModule(tiny_model_dir, group_size=2, max_new_tokens=3, export_on_train_end=False)
+    data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=2, num_train_examples=8)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=FSDP2Strategy(save_distributed_checkpoint=True),
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, data)
+    path = tmp_path / "sharded.ckpt"
+    trainer.save_checkpoint(path)
+    before = {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    assert before and path.is_dir()
+
+    def crash(state, directory):
+        (directory / "__0_0.distcp").write_bytes(b"half a shard")  # a partial write, then the failure
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model_parallel, "_distributed_checkpoint_save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_checkpoint(path)
+    after = {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    assert after == before
+    monkeypatch.undo()
+    trainer.save_checkpoint(path)  # a later save replaces it and cleans the leftover temp directory
+    assert path.is_dir() and not (tmp_path / ".sharded.ckpt.tmp").exists()

@@ -212,6 +212,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--sigint-rank1-batch", type=int, default=None)
+    parser.add_argument("--algorithm", default="grpo")
     args = parser.parse_args()
     run(
         args.model,
@@ -225,6 +226,7 @@ def main() -> None:
         max_steps=args.max_steps,
         ckpt_path=args.ckpt_path,
         sigint_rank1_batch=args.sigint_rank1_batch,
+        algorithm=args.algorithm,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -134,6 +135,16 @@ def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path, st
     weights = torch.load(tmp_path / "b" / "weights.pt", weights_only=True)
     # Adam makes ~lr-sized steps even where g ~ 0, which amplifies float noise there
     torch.testing.assert_close(weights, ref_weights, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_ppo_with_a_sharded_value_head_runs_on_two_ranks(model_dir, tmp_path):
+    out = _two_ranks(model_dir, tmp_path / "ppo", "--algorithm", "ppo")
+    assert out["global_step"] == 2 and out["num_skipped_updates"] == 0
+    assert all(math.isfinite(v) for row in out["rows"] for v in row.values())
+    weights = torch.load(tmp_path / "ppo" / "weights.pt", weights_only=True)
+    assert all(torch.isfinite(w).all() for w in weights.values())
 
 
 def test_the_fsdp2_overlay_composes_with_a_recipe():

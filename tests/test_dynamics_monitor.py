@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
+from _free_logit_policy import FreeLogitPolicy
 from lightning.pytorch import LightningModule, Trainer
-from torch import nn
 
 from lit_entropy.callbacks.dynamics_monitor import QUADRANTS, EntropyDynamicsMonitor, quadrant_sums
-from lit_entropy.functional import entropy_stats, policy_loss
-from lit_entropy.protocol import TokenMaskContext, collect_keep_mask
+from lit_entropy.protocol import TokenMaskContext
 
 
 def _context(seed: int, rows: int = 12, cols: int = 7, entropy_level: float = 1.0) -> TokenMaskContext:
@@ -109,64 +108,9 @@ def test_setup_names_what_is_missing():
         EntropyDynamicsMonitor().setup(None, _NoAverage(), "fit")
 
 
-class _FreeLogitPolicy(LightningModule):
-    """A user's own RL module: one free logit vector per position, shared by all rows, plain SGD.
-
-    Here THEORY §2 is exact to first order for the batch: the logits of position j move by
-    ``(lr / N) * sum_rows A (e_k - p)`` (token-mean loss over N tokens), so the mean entropy over the
-    P positions changes by ``predicted * lr / (N * P)`` with ``predicted = sum -A (S - E_p[S])``.
-    """
-
-    def __init__(self, positions: int = 4, vocab: int = 6, rows: int = 256, lr: float = 0.02) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        gen = torch.Generator().manual_seed(0)
-        self.logits = nn.Parameter(torch.randn(positions, vocab, generator=gen, dtype=torch.float64))
-        self.rows, self.lr = rows, lr
-        self.kept: list[float] = []
-        self.true_entropy: list[float] = []
-
-    def token_mask_fields(self):
-        return frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs"})
-
-    def training_step(self, batch, batch_idx):
-        positions, vocab = self.logits.shape
-        with torch.no_grad():
-            logits = self.logits.expand(self.rows, positions, vocab)
-            tokens = torch.distributions.Categorical(logits=logits).sample()
-            old = entropy_stats(logits, tokens, policy_average=True)
-            self.true_entropy.append(float(old.entropy[0].mean()))
-        # Reward: low token ids are "correct"; centred per batch, one advantage per sequence.
-        reward = (tokens < vocab // 2).double().mean(-1, keepdim=True)
-        advantages = (reward - reward.mean()).expand(-1, positions).contiguous()
-        mask = torch.ones_like(tokens, dtype=torch.bool)
-        context = TokenMaskContext(
-            mask=mask,
-            advantages=advantages,
-            discriminator=old.discriminator,
-            policy_average=old.policy_average,
-            entropy=old.entropy,
-            old_logprobs=old.logprobs,
-        )
-        keep = collect_keep_mask(self.trainer, self, context)
-        self.kept.append(float(keep.double().mean()))
-        new = entropy_stats(self.logits.expand(self.rows, positions, vocab), tokens)
-        loss, _ = policy_loss(new.logprobs, old.logprobs, advantages, keep)
-        opt = self.optimizers()
-        opt.zero_grad()
-        self.manual_backward(loss)
-        opt.step()
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(torch.zeros(6, 1), batch_size=1)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-
 def test_prediction_matches_the_realised_change_of_a_free_logit_policy():
     torch.manual_seed(0)
-    module = _FreeLogitPolicy()
+    module = FreeLogitPolicy()
     monitor = EntropyDynamicsMonitor(keep_history=True)
     trainer = Trainer(
         accelerator="cpu",

@@ -10,12 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _distributed import free_port, init_gloo
+from _free_logit_policy import FreeLogitPolicy
 from lightning.pytorch import LightningModule, Trainer
-from torch import nn
 
 from lit_entropy.callbacks import EntropyDiscriminatorClipping
-from lit_entropy.functional import entropy_stats, policy_loss
-from lit_entropy.protocol import TokenMaskContext, collect_keep_mask, required_token_mask_fields
+from lit_entropy.protocol import TokenMaskContext
 
 
 def _reference_masked(
@@ -170,59 +169,10 @@ def test_state_dict_round_trip():
     assert "clip_b" in cb.state_key
 
 
-class _BanditPolicy(LightningModule):
-    """A minimal RL module (not lit_entropy's): per-position logits, sampled tokens, clipped PG loss.
-
-    It implements the token-mask protocol in a few lines, as a user's own module would.
-    """
-
-    def __init__(self, positions: int = 6, vocab: int = 16, rows: int = 32) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.logits = nn.Parameter(torch.randn(positions, vocab) * 2)
-        self.rows = rows
-        self.seen_keep_fracs: list[float] = []
-
-    def token_mask_fields(self):
-        return frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs"})
-
-    def training_step(self, batch, batch_idx):
-        positions, vocab = self.logits.shape
-        want_average = "policy_average" in required_token_mask_fields(self.trainer)
-        with torch.no_grad():
-            logits = self.logits.expand(self.rows, positions, vocab)
-            tokens = torch.distributions.Categorical(logits=logits).sample()
-            old = entropy_stats(logits, tokens, policy_average=want_average)
-        advantages = (tokens.float().mean(-1, keepdim=True) - vocab / 2).sign().expand(-1, positions).contiguous()
-        mask = torch.ones_like(tokens, dtype=torch.bool)
-        context = TokenMaskContext(
-            mask=mask,
-            advantages=advantages,
-            discriminator=old.discriminator,
-            policy_average=old.policy_average,
-            entropy=old.entropy,
-            old_logprobs=old.logprobs,
-        )
-        keep = collect_keep_mask(self.trainer, self, context)
-        self.seen_keep_fracs.append(float(keep.float().mean()))
-        new = entropy_stats(self.logits.expand(self.rows, positions, vocab), tokens)
-        loss, _ = policy_loss(new.logprobs, old.logprobs, advantages, keep)
-        opt = self.optimizers()
-        opt.zero_grad()
-        self.manual_backward(loss)
-        opt.step()
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(torch.zeros(4, 1), batch_size=1)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
 @pytest.mark.parametrize("method", ["clip_b", "clip_v"])
 def test_callback_inside_a_minimal_lightning_module(method):
     torch.manual_seed(0)
-    module = _BanditPolicy()
+    module = FreeLogitPolicy(positions=6, vocab=16, rows=32, lr=0.5, scale=2.0, dtype=torch.float32, batches=4)
     callback = EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.05)
     trainer = Trainer(
         accelerator="cpu",
@@ -235,9 +185,9 @@ def test_callback_inside_a_minimal_lightning_module(method):
     )
     trainer.fit(module)
     assert callback.num_batches == 4
-    assert len(module.seen_keep_fracs) == 4
+    assert len(module.kept) == 4
     assert 0 < callback.num_masked < callback.num_tokens
-    assert min(module.seen_keep_fracs) < 1.0
+    assert min(module.kept) < 1.0
     logged = trainer.callback_metrics
     for name in ("train/entropy_clip_frac", "train/entropy_clip_frac_pos", "train/entropy_clip_frac_neg"):
         assert name in logged

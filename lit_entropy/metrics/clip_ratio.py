@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.policy_loss import clipped_token_masks
-from lit_entropy.metrics.token_entropy import _Float64StateMetric
+from lit_entropy.metrics._base import _Float64StateMetric, _token_mask
 
 __all__ = ["ClipRatio"]
 
@@ -107,13 +107,7 @@ class ClipRatio(_Float64StateMetric):
                 f"`advantages` must have shape {tuple(ratio.shape)} or {(ratio.shape[0],)}, "
                 f"got {tuple(advantages.shape)}"
             )
-        if mask is None:
-            mask = torch.ones_like(ratio, dtype=torch.bool)
-        elif not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-            raise ValueError(f"`mask` must be a bool tensor, got {got}")
-        if mask.shape != ratio.shape:
-            raise ValueError(f"`mask` shape {tuple(mask.shape)} != `ratio` shape {tuple(ratio.shape)}")
+        mask = _token_mask(mask, ratio, "ratio")
         low, high = clipped_token_masks(
             ratio.detach(),
             advantages.detach(),

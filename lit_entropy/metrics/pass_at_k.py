@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.pass_at_k import _check_correct, _check_counts, _check_k, pass_at_k_per_prompt
-from lit_entropy.metrics.token_entropy import _Float64StateMetric
+from lit_entropy.metrics._base import _Float64StateMetric
 
 __all__ = ["AvgAtK", "PassAtK"]
 

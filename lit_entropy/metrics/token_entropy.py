@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from lit_entropy.functional.masked import masked_sum
+from lit_entropy.metrics._base import _Float64StateMetric, _token_mask
 
 __all__ = ["TokenEntropy"]
-
-
-class _Float64StateMetric(Metric):
-    """A :class:`~torchmetrics.Metric` whose float64 accumulators ignore module-wide dtype casts.
-
-    torchmetrics blocks ``.half()``/``.float()``/``.double()``/``.type()`` on states but not
-    ``.to(dtype)``, which Lightning's ``"16-true"``/``"bf16-true"`` precision plugins call on the
-    whole LightningModule; a bf16 running sum stops growing after a few hundred tokens. The states
-    named in ``_float64_states`` follow device moves only; ``set_dtype`` still converts them.
-    """
-
-    _float64_states: tuple[str, ...] = ()
-
-    def _apply(self, fn: Callable, exclude_state: Sequence[str] = "") -> Metric:
-        keep = () if self._dtype_convert else self._float64_states
-        excluded = [exclude_state] if isinstance(exclude_state, str) else list(exclude_state)
-        this = super()._apply(fn, exclude_state=[*excluded, *keep])
-        # The base class moved a probe tensor with ``fn`` and stored its device: follow it.
-        for key in keep:
-            this._defaults[key] = this._defaults[key].to(this.device)
-            setattr(this, key, getattr(this, key).to(this.device))
-        return this
 
 
 class TokenEntropy(_Float64StateMetric):
@@ -100,13 +77,7 @@ class TokenEntropy(_Float64StateMetric):
         if not isinstance(entropy, Tensor) or not entropy.is_floating_point():
             got = entropy.dtype if isinstance(entropy, Tensor) else type(entropy).__name__
             raise ValueError(f"`entropy` must be a floating-point tensor, got {got}")
-        if mask is None:
-            mask = torch.ones_like(entropy, dtype=torch.bool)
-        elif not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-            raise ValueError(f"`mask` must be a bool tensor, got {got}")
-        if mask.shape != entropy.shape:
-            raise ValueError(f"`mask` shape {tuple(mask.shape)} != `entropy` shape {tuple(entropy.shape)}")
+        mask = _token_mask(mask, entropy, "entropy")
         self.sum_entropy += masked_sum(entropy.detach().to(torch.float64), mask)
         self.num_tokens += mask.sum()
 

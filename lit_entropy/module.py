@@ -753,8 +753,6 @@ class RFTModule(LightningModule):
             gap = exp.rollout_gap.abs()
             logs["train/rollout_logprob_gap_mean"] = masked_mean(gap, mask)
             logs["train/rollout_logprob_gap_max"] = gap.max()
-        if self.ref_model is not None and "kl" not in terms:
-            logs["train/kl"] = masked_mean(exp.old_logprobs - exp.ref_logprobs, mask)
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=len(batch["answers"]), sync_dist=True)
         self.log("train/entropy", self.train_entropy.compute(), on_step=True, prog_bar=True, batch_size=1)
         clip = self.train_clip.compute()

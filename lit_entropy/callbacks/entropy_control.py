@@ -249,7 +249,7 @@ class KLCov(_TokenCallback):
         cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
         k = selection_count(n, self.kl_cov_ratio)
         # Each rank's own top-k (padded to k) holds every global top-k value it owns.
-        top = all_gather_equal(local_top_scores(cov, mask, k))
+        threshold = kth_largest(all_gather_equal(local_top_scores(cov, mask, k)), k)
         coef = kl_cov_coefficients(
             context.advantages,
             context.old_logprobs,
@@ -257,9 +257,9 @@ class KLCov(_TokenCallback):
             ratio=self.kl_cov_ratio,
             coef=self.ppo_kl_coef,
             means=means,
-            threshold=kth_largest(top, k),
+            threshold=threshold,
         )
-        self._count_and_log(pl_module, mask, coef > 0 if self.ppo_kl_coef > 0 else cov >= kth_largest(top, k), {})
+        self._count_and_log(pl_module, mask, coef > 0 if self.ppo_kl_coef > 0 else cov >= threshold, {})
         return coef
 
 

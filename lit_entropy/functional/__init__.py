@@ -10,8 +10,6 @@ from lit_entropy.functional.clipping import (
     clip_v_deviation,
     clip_v_mask,
     clip_v_scores,
-    kth_largest,
-    local_top_scores,
     moment_stats,
 )
 from lit_entropy.functional.entropy import (
@@ -32,12 +30,21 @@ from lit_entropy.functional.policy_loss import (
     policy_loss,
     value_loss,
 )
+from lit_entropy.functional.selection import (
+    TopKCut,
+    kth_largest,
+    local_top_scores,
+    tie_counts,
+    top_k_cut,
+    top_k_mask,
+)
 
 __all__ = [
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "EntropyStats",
     "PolicyLossStats",
+    "TopKCut",
     "aggregate_loss",
     "avg_at_k",
     "cap_count",
@@ -62,6 +69,9 @@ __all__ = [
     "pass_at_k_per_prompt",
     "policy_loss",
     "predicted_entropy_change",
+    "tie_counts",
+    "top_k_cut",
+    "top_k_mask",
     "value_loss",
     "whiten",
 ]

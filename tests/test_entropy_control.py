@@ -377,7 +377,7 @@ def test_providers_compose_by_and_under_a_real_trainer():
     seed_everything(0)
     high, clip = RecHigh(rho=0.5), RecClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=100.0)
     high.masks, clip.masks = [], []
-    kl = KLCov(kl_cov_ratio=0.2, ppo_kl_coef=1.0)
+    kl = KLCov(kl_cov_ratio=0.5, ppo_kl_coef=1.0)  # exactly k tokens: enough to overlap the kept ones
     adaptive = AdaptiveEntropyBonus(entropy_target=50.0, initial_coef=0.0, coef_delta=0.01, coef_max=1.0)
     monitor = EntropyDynamicsMonitor(keep_history=True)
     # The shipped (warm-started) tiny model: it solves some prompts, so advantages are not all zero.

@@ -114,8 +114,8 @@ class ClipCov(_TokenCallback):
     ``cov = (A - mean A)(log p_old - mean log p_old)`` over the valid tokens of the global batch;
     candidates have ``clip_cov_lb < cov < clip_cov_ub``; ``max(int(clip_cov_ratio * N), 1)`` of them,
     drawn uniformly over the *global* candidate list with a generator seeded by ``(seed, batch index)``
-    (identical on all ranks), are masked: exactly that many (or all candidates when fewer), whatever
-    ties the scores have, since the draw ignores the scores. Quadrant: cov > 0 means (A > 0, likely token) or (A < 0,
+    (identical on all ranks), are masked: exactly that many (all candidates when fewer), ties or not,
+    since the draw ignores the scores. Quadrant: cov > 0 means (A > 0, likely token) or (A < 0,
     unlikely token) -- mostly the entropy-*decreasing* updates of THEORY §2.
 
     Differences from verl's ``compute_policy_loss_clip_cov`` (documented choices):

@@ -13,11 +13,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_scores, tie_counts
+
 __all__ = [
     "all_gather_counts",
     "all_gather_equal",
-    "all_gather_values",
     "all_reduce_sum",
+    "global_top_k_cut",
     "is_distributed",
     "world_size",
 ]
@@ -59,13 +61,17 @@ def all_gather_equal(tensor: Tensor) -> Tensor:
     return torch.cat(gathered)
 
 
-def all_gather_values(values: Tensor) -> Tensor:
-    """Concatenation, in rank order, of every rank's 1-D ``values`` (lengths may differ)."""
-    if not is_distributed():
-        return values
-    counts = all_gather_counts(values.numel(), values.device)
-    padded = torch.full((max(counts),), math.nan, dtype=values.dtype, device=values.device)
-    padded[: values.numel()] = values
-    gathered = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(gathered, padded)
-    return torch.cat([g[:c] for g, c in zip(gathered, counts, strict=True)])
+def global_top_k_cut(scores: Tensor, candidates: Tensor, k: int) -> TopKCut:
+    """This rank's :class:`~lit_entropy.functional.selection.TopKCut` of the global top-``k`` (two all-gathers).
+
+    ``k`` must be the same on every rank. With it, ``top_k_mask(scores, candidates, cut)`` on each rank
+    selects exactly what one process selects on the rank-major concatenation of the batches.
+    """
+    if k == 0:
+        return TopKCut(0, math.inf, 0)
+    # Each rank's own top-k (padded to k) holds every global top-k value it owns.
+    threshold = float(kth_largest(all_gather_equal(local_top_scores(scores, candidates, k)), k))
+    counts = all_gather_equal(tie_counts(scores, candidates, threshold)).reshape(-1, 2).tolist()
+    rank = dist.get_rank() if is_distributed() else 0
+    above = sum(c[0] for c in counts)
+    return TopKCut(k, threshold, above, sum(c[1] for c in counts[:rank]))

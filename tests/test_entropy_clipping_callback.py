@@ -38,18 +38,19 @@ def _reference_masked(
     if max_frac is None:
         return set(candidates)
     cap = max(math.floor(max_frac * len(valid)), 1)
-    if len(candidates) <= cap:
-        return set(candidates)
-    threshold = sorted((d[ij] for ij in candidates), reverse=True)[cap - 1]
-    return {ij for ij in candidates if d[ij] >= threshold}
+    # The cap largest D, ties broken by row-major position.
+    return {ij for _, ij in sorted((-d[ij], ij) for ij in candidates)[:cap]}
 
 
-def _global_batch(seed: int = 0, rows: int = 8, cols: int = 12) -> TokenMaskContext:
-    """Heavy-tailed S so both methods and the cap have something to mask."""
+def _global_batch(seed: int = 0, rows: int = 8, cols: int = 12, ties: bool = False) -> TokenMaskContext:
+    """Heavy-tailed S so both methods and the cap have something to mask; ``ties``: integer S, E_p[S] = 0."""
     gen = torch.Generator().manual_seed(seed)
     discriminator = torch.randn(rows, cols, generator=gen, dtype=torch.float64) ** 3
     policy_average = 0.1 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
     advantages = torch.randn(rows, 1, generator=gen, dtype=torch.float64).expand(rows, cols).contiguous()
+    if ties:  # two rows in three penalised (A < 0), so the cap binds
+        discriminator, policy_average = discriminator.round().clamp(-2, 2), torch.zeros_like(policy_average)
+        advantages = torch.where(torch.arange(rows).unsqueeze(1) % 3 == 2, 1.0, -1.0).double().expand(rows, cols)
     lengths = torch.randint(3, cols + 1, (rows,), generator=gen)
     mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
     return TokenMaskContext(
@@ -67,6 +68,19 @@ def _rows(context: TokenMaskContext, index: slice) -> TokenMaskContext:
 
 
 CASES = [("clip_b", 1.0, None), ("clip_v", 1.5, None), ("clip_v", 1.0, 0.02)]
+# Integer D with many candidates tied at the cap (checked in test_cases_mask_something).
+TIE_CASE = ("clip_v", 0.3, 0.05)
+
+
+def test_clip_v_cap_with_ties_masks_exactly_the_cap():
+    for seed in range(5):
+        context = _global_batch(seed, ties=True)
+        keep = EntropyDiscriminatorClipping(*TIE_CASE[:1], mu=TIE_CASE[1], max_frac=TIE_CASE[2]).keep_mask(
+            None, None, context
+        )
+        masked = {(int(i), int(j)) for i, j in torch.nonzero(context.mask & ~keep).tolist()}
+        assert masked == _reference_masked(context, *TIE_CASE)
+        assert len(masked) == max(math.floor(TIE_CASE[2] * int(context.mask.sum())), 1)  # the cap binds
 
 
 @pytest.mark.parametrize(("method", "mu", "max_frac"), CASES)
@@ -89,6 +103,14 @@ def test_cases_mask_something():
     uncapped = _reference_masked(context, "clip_v", 1.0, None)
     capped = _reference_masked(context, "clip_v", 1.0, 0.02)
     assert len(capped) < len(uncapped)
+    # The tie batches: candidates tied at the cap on both halves, more of them than the cap leaves room for.
+    for seed in range(3):
+        context = _global_batch(seed, ties=True)
+        capped = _reference_masked(context, *TIE_CASE)
+        uncapped = _reference_masked(context, TIE_CASE[0], TIE_CASE[1], None)
+        d = {ij: -float(context.discriminator[ij]) for ij in uncapped}
+        tied = {ij for ij in uncapped if d[ij] == min(d[c] for c in capped)}
+        assert tied - capped and {i for i, _ in tied} & {0, 1, 2, 3} and {i for i, _ in tied} & {4, 5, 6, 7}, seed
 
 
 def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -96,12 +118,13 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     try:
         results = {}
         for seed in range(3):
-            full = _global_batch(seed)
-            half = full.mask.shape[0] // world_size
-            local = _rows(full, slice(rank * half, (rank + 1) * half))
-            for method, mu, max_frac in CASES:
-                keep = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, local)
-                results[f"{seed}-{method}-{mu}-{max_frac}"] = keep.tolist()
+            for ties, cases in ((False, CASES), (True, [TIE_CASE])):
+                full = _global_batch(seed, ties=ties)
+                half = full.mask.shape[0] // world_size
+                local = _rows(full, slice(rank * half, (rank + 1) * half))
+                for method, mu, max_frac in cases:
+                    cb = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac)
+                    results[f"{seed}-{ties}-{method}-{mu}-{max_frac}"] = cb.keep_mask(None, None, local).tolist()
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
             json.dump(results, fh)
     finally:
@@ -115,18 +138,19 @@ def test_two_gloo_ranks_mask_exactly_what_one_process_masks(tmp_path):
     mp.spawn(_ddp_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
     shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     for seed in range(3):
-        full = _global_batch(seed)
-        for method, mu, max_frac in CASES:
-            key = f"{seed}-{method}-{mu}-{max_frac}"
-            distributed = torch.tensor(shards[0][key] + shards[1][key])
-            single = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, full)
-            assert torch.equal(distributed, single), key
+        for ties, cases in ((False, CASES), (True, [TIE_CASE])):
+            full = _global_batch(seed, ties=ties)
+            for method, mu, max_frac in cases:
+                key = f"{seed}-{ties}-{method}-{mu}-{max_frac}"
+                distributed = torch.tensor(shards[0][key] + shards[1][key])
+                single = EntropyDiscriminatorClipping(method, mu=mu, max_frac=max_frac).keep_mask(None, None, full)
+                assert torch.equal(distributed, single), key
             # ... and the global statistics matter: per-shard statistics would give another answer somewhere.
     local_only = [
         EntropyDiscriminatorClipping("clip_b", mu=1.0).keep_mask(None, None, _rows(_global_batch(s), slice(0, 4)))
         for s in range(3)
     ]
-    global_masks = [torch.tensor(shards[0][f"{s}-clip_b-1.0-None"]) for s in range(3)]
+    global_masks = [torch.tensor(shards[0][f"{s}-False-clip_b-1.0-None"]) for s in range(3)]
     assert any(not torch.equal(a, b) for a, b in zip(local_only, global_masks, strict=True))
 
 

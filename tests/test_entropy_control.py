@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -20,21 +21,31 @@ from lit_entropy.callbacks.entropy_control import AdaptiveEntropyBonus, ClipCov,
 from lit_entropy.functional.covariance import (
     clip_cov_mask,
     covariance_scores,
+    high_entropy_count,
     high_entropy_mask,
     kl_cov_coefficients,
-    linear_quantile,
     random_global_picks,
     selection_count,
 )
 from lit_entropy.protocol import LossCoefficientProvider, TokenMaskContext, TokenMaskProvider, TokenPenaltyProvider
 
 
-def _context(seed: int = 0, rows: int = 8, cols: int = 10) -> TokenMaskContext:
-    """A rollout-like batch: per-sequence advantages (some 0), spread log-probs, ragged lengths."""
+def _context(seed: int = 0, rows: int = 8, cols: int = 10, ties: str | None = None) -> TokenMaskContext:
+    """A rollout-like batch: per-sequence advantages (some 0), spread log-probs, ragged lengths.
+
+    ``ties="integer"``: integer advantages, log-probs and half-integer entropies (mostly 0), so covariances
+    and entropies tie heavily; ``ties="zero_adv"``: additionally every advantage is 0 (all groups
+    all-correct or all-wrong), so every covariance is 0.
+    """
     gen = torch.Generator().manual_seed(seed)
     adv = (torch.randint(-4, 5, (rows, 1), generator=gen).double() / 2).expand(rows, cols).contiguous()
     logp = -4 * torch.rand(rows, cols, generator=gen, dtype=torch.float64) ** 2
     entropy = 2 * torch.rand(rows, cols, generator=gen, dtype=torch.float64)
+    if ties is not None:
+        adv = torch.randint(-1, 2, (rows, 1), generator=gen).double().expand(rows, cols).contiguous()
+        adv = torch.zeros_like(adv) if ties == "zero_adv" else adv
+        logp = -torch.randint(0, 3, (rows, cols), generator=gen).double()
+        entropy = torch.randint(0, 3, (rows, cols), generator=gen).double().clamp(min=1) / 2 - 0.5
     s = torch.randn(rows, cols, generator=gen, dtype=torch.float64) * 0.3
     avg = torch.randn(rows, cols, generator=gen, dtype=torch.float64) * 0.05
     lengths = torch.randint(3, cols + 1, (rows,), generator=gen)
@@ -64,6 +75,11 @@ def _py_cov(ctx: TokenMaskContext) -> dict[tuple[int, int], float]:
     lp = {ij: float(ctx.old_logprobs[ij]) for ij in valid}
     ma, ml = sum(a.values()) / len(valid), sum(lp.values()) / len(valid)
     return {ij: (a[ij] - ma) * (lp[ij] - ml) for ij in valid}
+
+
+def _py_top(scores: dict[tuple[int, int], float], k: int) -> set[tuple[int, int]]:
+    """The k largest scores, ties broken by row-major position: sort by (-score, (row, col))."""
+    return {ij for _, ij in sorted((-v, ij) for ij, v in scores.items())[:k]}
 
 
 def _py_quantile(values: list[float], q: float) -> float:
@@ -132,18 +148,64 @@ def test_random_global_picks_union_of_shards_is_the_single_draw():
         random_global_picks(5, 1, 4, 3, torch.Generator())
 
 
+@pytest.mark.parametrize("ties", [None, "integer", "zero_adv"])
 @pytest.mark.parametrize("seed", range(4))
-def test_kl_cov_coefficients_pick_the_top_covariances(seed):
-    ctx = _context(seed)
-    ratio, coef = 0.1, 0.7
+def test_kl_cov_coefficients_pick_exactly_the_top_covariances(seed, ties):
+    ctx = _context(seed, ties=ties)
+    ratio, coef = 0.2, 0.7
     got = kl_cov_coefficients(ctx.advantages, ctx.old_logprobs, ctx.mask, ratio=ratio, coef=coef)
     cov = _py_cov(ctx)
     k = max(int(ratio * len(cov)), 1)
-    threshold = sorted(cov.values(), reverse=True)[k - 1]
-    expected = {ij for ij, v in cov.items() if v >= threshold}
     chosen = {(int(i), int(j)) for i, j in torch.nonzero(got).tolist()}
-    assert chosen == expected and len(expected) >= k
+    assert chosen == _py_top(cov, k) and len(chosen) == k
     assert all(v == pytest.approx(coef) for v in got[got != 0].tolist())
+    if ties is not None:  # the k-th covariance is tied with others: a threshold rule would pick more
+        kth = sorted(cov.values(), reverse=True)[k - 1]
+        assert sum(v >= kth for v in cov.values()) > k
+
+
+def test_kl_cov_all_zero_advantages_penalise_k_tokens_not_all():
+    ctx = _context(0, ties="zero_adv")
+    n = int(ctx.mask.sum())
+    for ratio in (2e-3, 0.1):
+        got = kl_cov_coefficients(ctx.advantages, ctx.old_logprobs, ctx.mask, ratio=ratio)
+        # Every covariance is 0: the budget max(int(ratio * n), 1) goes to the first valid tokens, row-major.
+        k = max(int(ratio * n), 1)
+        assert n > 50 and [tuple(ij) for ij in torch.nonzero(got).tolist()] == _valid(ctx)[:k]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clip_cov_with_ties_drops_exactly_the_budget(seed):
+    """Clip-Cov's uniform draw needs no tie rule: heavy ties, even all-zero covariances, drop exactly k."""
+    for ties, lb in (("integer", 0.0), ("zero_adv", -1.0)):
+        ctx = _context(seed, ties=ties)
+        ratio, ub = 0.05, 5.0
+        keep = clip_cov_mask(
+            ctx.advantages,
+            ctx.old_logprobs,
+            ctx.mask,
+            ratio=ratio,
+            lb=lb,
+            ub=ub,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        cov = _py_cov(ctx)
+        candidates = [ij for ij in _valid(ctx) if lb < cov[ij] < ub]
+        k = max(int(ratio * len(cov)), 1)
+        perm = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert _masked_set(keep, ctx.mask) == {candidates[i] for i in perm[:k]}
+        assert len(candidates) > k
+
+
+def _py_high_entropy_count(n: int, rho: float) -> int:
+    """Exact arithmetic: TRL's ``>= (1 - rho)``-quantile keeps n - ceil((1 - rho)(n - 1)) distinct values."""
+    return n - math.ceil((1 - Fraction(str(rho))) * (n - 1)) if n else 0
+
+
+def test_high_entropy_count_is_trls_count_in_exact_arithmetic():
+    for n in (0, 1, 2, 7, 10, 11, 101, 999):
+        for rho in (0.2, 0.29, 0.3, 0.37, 0.5, 0.7, 1.0):
+            assert high_entropy_count(n, rho) == _py_high_entropy_count(n, rho), (n, rho)
 
 
 @pytest.mark.parametrize(("seed", "rho"), [(0, 0.2), (1, 0.5), (2, 0.37), (3, 1.0)])
@@ -151,15 +213,28 @@ def test_high_entropy_mask_keeps_the_top_quantile(seed, rho):
     ctx = _context(seed)
     keep = high_entropy_mask(ctx.entropy, ctx.mask, rho=rho)
     values = [float(ctx.entropy[ij]) for ij in _valid(ctx)]
+    assert len(set(values)) == len(values)  # distinct: TRL's quantile rule and the exact top-k agree
     q = _py_quantile(values, 1 - rho)
     expected_kept = {ij for ij in _valid(ctx) if float(ctx.entropy[ij]) >= q}
     kept = {(int(i), int(j)) for i, j in torch.nonzero(keep).tolist()}
     assert kept == expected_kept
-    assert math.isclose(float(linear_quantile(torch.tensor(values, dtype=torch.float64), 1 - rho)), q, rel_tol=1e-12)
+    assert kept == _py_top({ij: float(ctx.entropy[ij]) for ij in _valid(ctx)}, _py_high_entropy_count(len(values), rho))
     if rho == 1.0:
         assert kept == set(_valid(ctx))
     else:
         assert abs(len(kept) - rho * len(values)) <= 1
+
+
+@pytest.mark.parametrize(("seed", "rho"), [(0, 0.2), (1, 0.5), (2, 0.37), (3, 0.05)])
+def test_high_entropy_mask_with_ties_keeps_exactly_the_count(seed, rho):
+    ctx = _context(seed, ties="integer")  # entropies in {0, 0.5}, mostly 0
+    keep = high_entropy_mask(ctx.entropy, ctx.mask, rho=rho)
+    entropy = {ij: float(ctx.entropy[ij]) for ij in _valid(ctx)}
+    k = _py_high_entropy_count(len(entropy), rho)
+    kept = {(int(i), int(j)) for i, j in torch.nonzero(keep).tolist()}
+    assert kept == _py_top(entropy, k) and len(kept) == k
+    q = _py_quantile(list(entropy.values()), 1 - rho)
+    assert sum(v >= q for v in entropy.values()) > k  # the quantile rule would keep the tied tokens too
 
 
 def test_invalid_arguments_name_the_setting():
@@ -221,15 +296,18 @@ def _run_all(ctx: TokenMaskContext) -> dict[str, list]:
     return out
 
 
+_DDP_CASES = [(0, None), (1, None), (2, None), (3, "integer"), (4, "zero_adv")]
+
+
 def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     init_gloo(rank, world_size, port)
     try:
         results = {}
-        for seed in range(3):
-            full = _context(seed, rows=8)
+        for seed, ties in _DDP_CASES:
+            full = _context(seed, rows=8, ties=ties)
             # Uneven shards (3 / 5 rows) so padding and offsets matter.
             local = _rows(full, slice(0, 3) if rank == 0 else slice(3, 8))
-            results[str(seed)] = _run_all(local)
+            results[f"{seed}-{ties}"] = _run_all(local)
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
             json.dump(results, fh)
     finally:
@@ -241,18 +319,24 @@ def test_two_gloo_ranks_select_exactly_what_one_process_selects(tmp_path):
     mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     shards = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     differs_locally = False
-    for seed in range(3):
-        full = _context(seed, rows=8)
+    for seed, ties in _DDP_CASES:
+        key = f"{seed}-{ties}"
+        full = _context(seed, rows=8, ties=ties)
         single = _run_all(full)
         local_only = _run_all(_rows(full, slice(0, 3)))
         for name in _providers():
-            joined = shards[0][str(seed)][name] + shards[1][str(seed)][name]
-            assert joined == single[name], (seed, name)
-            differs_locally |= local_only[name] != shards[0][str(seed)][name]
+            joined = shards[0][key][name] + shards[1][key][name]
+            assert joined == single[name], (key, name)
+            differs_locally |= local_only[name] != shards[0][key][name]
         for rank in range(2):
-            assert shards[rank][str(seed)]["adaptive_coef"] == pytest.approx(single["adaptive_coef"])
-            for key, value in single["monitor"].items():
-                assert shards[rank][str(seed)]["monitor"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            assert shards[rank][key]["adaptive_coef"] == pytest.approx(single["adaptive_coef"])
+            for name, value in single["monitor"].items():
+                assert shards[rank][key]["monitor"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+        if ties is not None:  # tokens tied at the cut sit on both ranks, and the cut leaves some out
+            kl = torch.tensor(single["kl_cov"]) > 0
+            cov = covariance_scores(full.advantages, full.old_logprobs, full.mask)
+            tied = full.mask & (cov == cov[kl].min())
+            assert bool(tied[:3].any() and tied[3:].any() and (tied & ~kl).any()), key
     assert differs_locally, "per-rank statistics would have selected other tokens somewhere"
 
 
@@ -287,7 +371,7 @@ def test_providers_compose_by_and_under_a_real_trainer():
     seed_everything(0)
     high, clip = RecHigh(rho=0.5), RecClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=100.0)
     high.masks, clip.masks = [], []
-    kl = KLCov(kl_cov_ratio=0.2, ppo_kl_coef=1.0)
+    kl = KLCov(kl_cov_ratio=0.5, ppo_kl_coef=1.0)  # exactly k tokens: enough to overlap the kept ones
     adaptive = AdaptiveEntropyBonus(entropy_target=50.0, initial_coef=0.0, coef_delta=0.01, coef_max=1.0)
     monitor = EntropyDynamicsMonitor(keep_history=True)
     # The shipped (warm-started) tiny model: it solves some prompts, so advantages are not all zero.

@@ -16,10 +16,9 @@ from lit_entropy.functional.clipping import (
     clip_v_deviation,
     clip_v_mask,
     clip_v_scores,
-    kth_largest,
-    local_top_scores,
 )
 from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_scores, tie_counts
 
 # ---------------------------------------------------------------- plain-Python references
 
@@ -63,11 +62,8 @@ def ref_clip_v(S, E, A, mask, mu, max_frac, symmetric=False):
             cands.append((D[bt], bt))
         elif symmetric and a > 0 and -D[bt] > mu * s and s > 0:
             cands.append((-D[bt], bt))
-    if max_frac is not None:
-        k = ref_cap(len(valid), max_frac)
-        if len(cands) > k:
-            thr = sorted((c[0] for c in cands), reverse=True)[k - 1]
-            cands = [c for c in cands if c[0] >= thr]
+    if max_frac is not None:  # the k largest scores, ties broken by row-major position
+        cands = sorted(cands, key=lambda c: (-c[0], c[1]))[: ref_cap(len(valid), max_frac)]
     for _, bt in cands:
         keep[bt[0]][bt[1]] = False
     return keep
@@ -224,20 +220,21 @@ def _clip_v_case(D, A, mu=1.0, **kw):
     )
 
 
-def test_clip_v_ties_at_cap_masks_all_tied_tokens():
-    # 20 valid tokens: D = 5, 4, 4, 4 and 16 zeros; population s = 1.711; mu = 1 -> the four are candidates.
-    D = [5.0, 4.0, 4.0, 4.0] + [0.0] * 16
+def test_clip_v_ties_at_cap_mask_exactly_the_cap_in_token_order():
+    # 20 valid tokens: D = 4, 5, 4, 4 and 16 zeros; population s = 1.711; mu = 1 -> the four are candidates.
+    D = [4.0, 5.0, 4.0, 4.0] + [0.0] * 16
     s = statistics.pstdev(D)
     assert 1.0 * s < 4.0
     A = [-1.0] * 20
-    keep = _clip_v_case(D, A, max_frac=0.1)  # k = 2, threshold = 4 -> all four masked (ties)
-    assert keep[0, :4].tolist() == [False] * 4 and keep[0, 4:].all()
+    keep = _clip_v_case(D, A, max_frac=0.1)  # k = 2: the 5, then the first of the three tied 4s
+    assert keep[0, :4].tolist() == [False, False, True, True] and keep[0, 4:].all()
     keep = _clip_v_case([5.0, 4.0, 3.0, 3.0] + [0.0] * 16, A, max_frac=0.1)  # no tie at the cap
     assert keep[0, :4].tolist() == [False, False, True, True]
-    # Order independence: any permutation masks the same tokens.
+    # Any permutation: the 5 and the tied 4 that comes first in the new order.
     perm = torch.randperm(20, generator=torch.Generator().manual_seed(0)).tolist()
     keep_p = _clip_v_case([D[i] for i in perm], A, max_frac=0.1)
-    assert [not keep_p[0, j].item() for j in range(20)] == [perm[j] < 4 for j in range(20)]
+    first_four = min(j for j in range(20) if perm[j] in (0, 2, 3))
+    assert {j for j in range(20) if not keep_p[0, j].item()} == {perm.index(1), first_four}
     # No cap: every candidate goes; max_frac = 1e-4 of 20 tokens -> cap 1 -> only the top score.
     assert int((~_clip_v_case([5.0, 4.0, 3.0, 3.0] + [0.0] * 16, A, max_frac=None)).sum()) == 4
     assert (~_clip_v_case([5.0, 4.0, 3.0, 3.0] + [0.0] * 16, A, max_frac=1e-4)).nonzero().tolist() == [[0, 0]]
@@ -288,11 +285,12 @@ def test_clip_v_sharded_equals_full_batch(symmetric):
         D = clip_v_deviation(S, E)
         moments = sum(masked_moments(D[sl], mask[sl]) for sl in shards)
         k = cap_count(int(moments[0]), 0.01)
-        tops = []
-        for sl in shards:
-            scores, cand = clip_v_scores(S[sl], E[sl], A[sl], mask[sl], mu=0.7, symmetric=symmetric, moments=moments)
-            tops.append(local_top_scores(scores, cand, k))
-        thr = kth_largest(torch.cat(tops), k)
+        scored = [
+            clip_v_scores(S[sl], E[sl], A[sl], mask[sl], mu=0.7, symmetric=symmetric, moments=moments) for sl in shards
+        ]
+        thr = float(kth_largest(torch.cat([local_top_scores(sc, cand, k) for sc, cand in scored]), k))
+        counts = [tie_counts(sc, cand, thr).tolist() for sc, cand in scored]
+        above = sum(c[0] for c in counts)
         parts = [
             clip_v_mask(
                 S[sl],
@@ -303,12 +301,58 @@ def test_clip_v_sharded_equals_full_batch(symmetric):
                 max_frac=0.01,
                 symmetric=symmetric,
                 moments=moments,
-                cap_threshold=thr,
+                cap_cut=TopKCut(k, thr, above, sum(c[1] for c in counts[:r])),
             )
-            for sl in shards
+            for r, sl in enumerate(shards)
         ]
         assert torch.equal(torch.cat(parts), full)
         assert full.tolist() == ref_clip_v(*_lists(S, E, A, mask), 0.7, 0.01, symmetric)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_clip_v_cap_with_heavy_ties_is_exact_whole_and_sharded(symmetric):
+    """Integer-valued D: many candidates tie at the cap; exactly the cap is masked, on any sharding."""
+    rng = torch.Generator().manual_seed(33)
+    tied_across = 0
+    for _ in range(40):
+        B, T = 8, int(torch.randint(5, 30, (1,), generator=rng))
+        S = torch.round(torch.randn(B, T, generator=rng) * 1.5).double()
+        E = torch.zeros(B, T, dtype=torch.float64)
+        A = torch.where(torch.rand(B, 1, generator=rng) < 0.6, -1.0, 1.0).double().expand(B, T)
+        mask = torch.arange(T).unsqueeze(0) < torch.randint(1, T + 1, (B, 1), generator=rng)
+        max_frac, mu = 0.05, 0.3
+        full = clip_v_mask(S, E, A, mask, mu=mu, max_frac=max_frac, symmetric=symmetric)
+        assert full.tolist() == ref_clip_v(*_lists(S, E, A, mask), mu, max_frac, symmetric)
+        n = int(mask.sum())
+        _, cand = clip_v_scores(S, E, A, mask, mu=mu, symmetric=symmetric)
+        assert int((mask & ~full).sum()) == min(cap_count(n, max_frac), int(cand.sum()))
+        split = int(torch.randint(1, B, (1,), generator=rng))
+        shards = [slice(0, split), slice(split, B)]
+        moments = sum(masked_moments(clip_v_deviation(S[sl], E[sl]), mask[sl]) for sl in shards)
+        k = cap_count(n, max_frac)
+        scored = [
+            clip_v_scores(S[sl], E[sl], A[sl], mask[sl], mu=mu, symmetric=symmetric, moments=moments) for sl in shards
+        ]
+        thr = float(kth_largest(torch.cat([local_top_scores(sc, c, k) for sc, c in scored]), k))
+        counts = [tie_counts(sc, c, thr).tolist() for sc, c in scored]
+        above = sum(c[0] for c in counts)
+        tied_across += int(all(c[1] > 0 for c in counts) and above + sum(c[1] for c in counts) > k)
+        parts = [
+            clip_v_mask(
+                S[sl],
+                E[sl],
+                A[sl],
+                mask[sl],
+                mu=mu,
+                max_frac=max_frac,
+                symmetric=symmetric,
+                moments=moments,
+                cap_cut=TopKCut(k, thr, above, sum(c[1] for c in counts[:r])),
+            )
+            for r, sl in enumerate(shards)
+        ]
+        assert torch.equal(torch.cat(parts), full)
+    assert tied_across >= 10  # ties at the cap on both shards, more than the cap: the tie-break decided
 
 
 # ---------------------------------------------------------------- cap helpers and validation
@@ -324,18 +368,6 @@ def test_cap_count_matches_fraction_reference():
     assert cap_count(9999, 1e-4) == 1
     assert cap_count(20000, 1e-4) == 2
     assert cap_count(0, 0.5) == 1
-
-
-def test_kth_largest_and_local_top_scores():
-    vals = torch.tensor([3.0, 1.0, 3.0, 2.0, 5.0])
-    assert [kth_largest(vals, k).item() for k in range(1, 6)] == sorted(vals.tolist(), reverse=True)
-    assert kth_largest(vals, 6).item() == -math.inf
-    scores = torch.tensor([[1.0, 9.0, 4.0], [7.0, 2.0, 8.0]])
-    cand = torch.tensor([[True, False, True], [True, True, False]])
-    assert local_top_scores(scores, cand, 2).tolist() == [7.0, 4.0]
-    assert local_top_scores(scores, cand, 6).tolist() == [7.0, 4.0, 2.0, 1.0, -math.inf, -math.inf]
-    with pytest.raises(ValueError, match="k"):
-        kth_largest(vals, 0)
 
 
 @pytest.mark.parametrize("mu", [0.0, -1.0, float("nan"), float("inf")])

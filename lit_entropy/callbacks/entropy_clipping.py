@@ -8,17 +8,10 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lit_entropy.collectives import all_gather_equal, all_reduce_sum
-from lit_entropy.functional.clipping import (
-    cap_count,
-    clip_b_mask,
-    clip_v_deviation,
-    clip_v_mask,
-    clip_v_scores,
-    kth_largest,
-    local_top_scores,
-)
+from lit_entropy.collectives import all_reduce_sum, global_top_k_cut
+from lit_entropy.functional.clipping import cap_count, clip_b_mask, clip_v_deviation, clip_v_mask, clip_v_scores
 from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import TopKCut
 from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
 
 __all__ = ["EntropyDiscriminatorClipping"]
@@ -32,8 +25,8 @@ class EntropyDiscriminatorClipping(Callback):
     Once per rollout batch the module hands over a :class:`~lit_entropy.protocol.TokenMaskContext`
     (see :mod:`lit_entropy.protocol`); this callback returns the keep mask. Statistics are those
     of the **global** batch: count, sum and sum of squares are all-reduced across ranks, and so
-    is Clip_V's cap threshold, so a 2-process run masks exactly the tokens a 1-process run on the
-    same global batch masks.
+    is Clip_V's cap (an exact top-k, ties broken by global token index), so a 2-process run masks
+    exactly the tokens a 1-process run on the same global batch masks.
 
     Logged per rollout batch (under ``log_prefix``): ``_frac`` (masked share of valid tokens),
     ``_frac_pos`` / ``_frac_neg`` (of tokens with A > 0 / A < 0), ``/s_mean`` (batch mean of S)
@@ -95,7 +88,7 @@ class EntropyDiscriminatorClipping(Callback):
         else:
             deviation = clip_v_deviation(context.discriminator, context.policy_average)
             moments = all_reduce_sum(masked_moments(deviation, mask))
-            threshold = self._global_cap_threshold(context, moments)
+            cap_cut = self._global_cap_cut(context, moments)
             keep = clip_v_mask(
                 context.discriminator,
                 context.policy_average,
@@ -105,13 +98,13 @@ class EntropyDiscriminatorClipping(Callback):
                 max_frac=self.max_frac,
                 symmetric=self.symmetric,
                 moments=moments,
-                cap_threshold=threshold,
+                cap_cut=cap_cut,
             )
         self._log(pl_module, context, keep)
         return keep
 
-    def _global_cap_threshold(self, context: TokenMaskContext, moments: Tensor) -> Tensor | None:
-        """Score of the k-th largest Clip_V candidate over all ranks (-inf when the cap does not bind)."""
+    def _global_cap_cut(self, context: TokenMaskContext, moments: Tensor) -> TopKCut | None:
+        """This rank's cut of the global top-k Clip_V candidates (the cap); None without a cap."""
         if self.max_frac is None:
             return None
         scores, candidates = clip_v_scores(
@@ -123,9 +116,7 @@ class EntropyDiscriminatorClipping(Callback):
             symmetric=self.symmetric,
             moments=moments,
         )
-        k = cap_count(int(moments[0].item()), self.max_frac)
-        # Each rank's own top-k (padded to k) contains every global top-k value it holds.
-        return kth_largest(all_gather_equal(local_top_scores(scores, candidates, k)), k)
+        return global_top_k_cut(scores, candidates, cap_count(int(moments[0].item()), self.max_frac))
 
     def _log(self, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
         mask, advantages = context.mask, context.advantages

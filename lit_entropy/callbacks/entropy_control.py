@@ -24,23 +24,17 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_entropy.collectives import (
-    all_gather_counts,
-    all_gather_equal,
-    all_gather_values,
-    all_reduce_sum,
-    is_distributed,
-)
-from lit_entropy.functional.clipping import kth_largest, local_top_scores
+from lit_entropy.collectives import all_gather_counts, all_reduce_sum, global_top_k_cut, is_distributed
 from lit_entropy.functional.covariance import (
     clip_cov_candidates,
     clip_cov_mask,
     covariance_scores,
+    high_entropy_count,
     high_entropy_mask,
     kl_cov_coefficients,
-    linear_quantile,
     selection_count,
 )
+from lit_entropy.functional.selection import top_k_mask
 from lit_entropy.protocol import TokenMaskContext, check_token_masking_module, updates_per_rollout_batch
 
 __all__ = ["AdaptiveEntropyBonus", "ClipCov", "HighEntropySelection", "KLCov"]
@@ -120,7 +114,8 @@ class ClipCov(_TokenCallback):
     ``cov = (A - mean A)(log p_old - mean log p_old)`` over the valid tokens of the global batch;
     candidates have ``clip_cov_lb < cov < clip_cov_ub``; ``max(int(clip_cov_ratio * N), 1)`` of them,
     drawn uniformly over the *global* candidate list with a generator seeded by ``(seed, batch index)``
-    (identical on all ranks), are masked. Quadrant: cov > 0 means (A > 0, likely token) or (A < 0,
+    (identical on all ranks), are masked: exactly that many (all candidates when fewer), ties or not,
+    since the draw ignores the scores. Quadrant: cov > 0 means (A > 0, likely token) or (A < 0,
     unlikely token) -- mostly the entropy-*decreasing* updates of THEORY §2.
 
     Differences from verl's ``compute_policy_loss_clip_cov`` (documented choices):
@@ -197,9 +192,11 @@ class ClipCov(_TokenCallback):
 class KLCov(_TokenCallback):
     """KL-Cov: penalise ``ppo_kl_coef * |log p - log p_old|`` on the top ``kl_cov_ratio`` tokens by covariance.
 
-    The top ``max(int(kl_cov_ratio * N), 1)`` tokens of the global batch by ``cov`` (see
-    :class:`ClipCov`) are found from each rank's own top-k, all-gathered (ties at the threshold are
-    all penalised). A :class:`~lit_entropy.protocol.TokenPenaltyProvider`: the module adds
+    Exactly the top ``max(int(kl_cov_ratio * N), 1)`` tokens of the global batch by ``cov`` (see
+    :class:`ClipCov`), ties broken by global token index, found from each rank's own top-k,
+    all-gathered (:func:`~lit_entropy.collectives.global_top_k_cut`); an all-zero-advantage
+    batch (every ``cov`` = 0) penalises that many tokens, not all of them.
+    A :class:`~lit_entropy.protocol.TokenPenaltyProvider`: the module adds
     ``aggregate(coef * |log p - log p_old|)`` to its loss for every update epoch. The penalty is zero
     at the first on-policy update and restrains those tokens from moving in later epochs /
     mini-batches. Quadrant: the largest-cov tokens, i.e. the strongest entropy-decreasing updates.
@@ -246,9 +243,7 @@ class KLCov(_TokenCallback):
         mask = context.mask
         means, n = _global_means(context)
         cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
-        k = selection_count(n, self.kl_cov_ratio)
-        # Each rank's own top-k (padded to k) holds every global top-k value it owns.
-        threshold = kth_largest(all_gather_equal(local_top_scores(cov, mask, k)), k)
+        cut = global_top_k_cut(cov, mask, selection_count(n, self.kl_cov_ratio))
         coef = kl_cov_coefficients(
             context.advantages,
             context.old_logprobs,
@@ -256,23 +251,26 @@ class KLCov(_TokenCallback):
             ratio=self.kl_cov_ratio,
             coef=self.ppo_kl_coef,
             means=means,
-            threshold=threshold,
+            cut=cut,
         )
-        self._count_and_log(pl_module, mask, coef > 0 if self.ppo_kl_coef > 0 else cov >= threshold, {})
+        self._count_and_log(pl_module, mask, top_k_mask(cov, mask, cut), {})
         return coef
 
 
 class HighEntropySelection(_TokenCallback):
     """Train only on the top-``rho`` entropy tokens ("Beyond the 80/20 Rule", TRL ``top_entropy_quantile``).
 
-    Keeps tokens with ``entropy >= q``, ``q`` the linear-interpolated ``(1 - rho)``-quantile of the
-    entropies of all valid tokens of **all ranks** (gathered, NaN-padded). Quadrant view: it removes
+    Keeps the ``1 + floor(rho * (N - 1))`` highest-entropy valid tokens of **all ranks** (``N`` valid
+    tokens): the tokens with ``entropy >= q``, ``q`` the linear-interpolated ``(1 - rho)``-quantile, when
+    all entropies differ (TRL's rule); ties at ``q`` are broken by global token index so that exactly
+    that many are kept. Quadrant view: it removes
     the low-entropy positions, where ``|S - E_p[S]|`` is small and updates mostly sharpen an already
     confident choice; what remains are the "forking" positions in all four quadrants.
 
     Args:
         rho: kept share in (0, 1] (0.2 in the paper; 1.0 keeps everything).
-        log_prefix: logs ``<prefix>_frac`` (masked share) and ``<prefix>/threshold`` (nats).
+        log_prefix: logs ``<prefix>_frac`` (masked share) and ``<prefix>/threshold`` (nats, the lowest
+            kept entropy).
     """
 
     required_fields = frozenset({"mask", "entropy"})
@@ -288,12 +286,12 @@ class HighEntropySelection(_TokenCallback):
         return self._generate_state_key(rho=self.rho)
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
-        """Keep mask from the global quantile. Must be called on every rank."""
+        """Keep mask from the global top-k. Must be called on every rank."""
         mask = context.mask
-        values = all_gather_values(context.entropy.detach().to(torch.float64)[mask])
-        threshold = linear_quantile(values, 1.0 - self.rho)
-        keep = high_entropy_mask(context.entropy, mask, rho=self.rho, threshold=threshold)
-        self._count_and_log(pl_module, mask, mask & ~keep, {f"{self.log_prefix}/threshold": float(threshold)})
+        n = int(all_reduce_sum(mask.sum().to(torch.float64)).item())
+        cut = global_top_k_cut(context.entropy, mask, high_entropy_count(n, self.rho))
+        keep = high_entropy_mask(context.entropy, mask, rho=self.rho, cut=cut)
+        self._count_and_log(pl_module, mask, mask & ~keep, {f"{self.log_prefix}/threshold": cut.threshold})
         return keep
 
 

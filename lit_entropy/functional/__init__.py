@@ -17,8 +17,6 @@ from lit_entropy.functional.clipping import (
     clip_v_deviation,
     clip_v_mask,
     clip_v_scores,
-    kth_largest,
-    local_top_scores,
     moment_stats,
 )
 from lit_entropy.functional.entropy import (
@@ -41,6 +39,14 @@ from lit_entropy.functional.policy_loss import (
     policy_loss,
     value_loss,
 )
+from lit_entropy.functional.selection import (
+    TopKCut,
+    kth_largest,
+    local_top_scores,
+    tie_counts,
+    top_k_cut,
+    top_k_mask,
+)
 
 __all__ = [
     "ADVANTAGE_SCALES",
@@ -48,6 +54,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "EntropyStats",
     "PolicyLossStats",
+    "TopKCut",
     "aggregate_loss",
     "avg_at_k",
     "cap_count",
@@ -77,6 +84,9 @@ __all__ = [
     "pass_at_k_per_prompt",
     "policy_loss",
     "predicted_entropy_change",
+    "tie_counts",
+    "top_k_cut",
+    "top_k_mask",
     "value_loss",
     "whiten",
 ]

@@ -6,15 +6,14 @@ its token-count denominator), always a subset of ``mask``. Advantages are never 
 
 Statistics come from the float64 moments ``(count, sum, sum of squares)`` of a per-token
 score over the valid tokens. A single-process caller lets the functions compute them locally;
-a distributed caller all-reduces ``masked_moments`` (and, for the Clip_V cap, the top scores)
-across ranks and passes the global values in, so every rank makes the decision the global
-batch would make. The steps are public for that purpose:
+a distributed caller all-reduces ``masked_moments`` (and, for the Clip_V cap, finds the global
+top-k cut of :mod:`lit_entropy.functional.selection`) across ranks and passes the global values in,
+so every rank makes the decision the global batch would make. The steps are public for that purpose:
 
     moments = all_reduce(masked_moments(clip_v_deviation(S, E_p[S]), mask))       # SUM
     scores, cand = clip_v_scores(S, E_p[S], A, mask, mu=mu, moments=moments)
-    k = cap_count(int(moments[0]), max_frac)
-    top = all_gather(local_top_scores(scores, cand, k))                            # [world * k]
-    keep = clip_v_mask(S, E_p[S], A, mask, moments=moments, cap_threshold=kth_largest(top, k))
+    cut = <global TopKCut of (scores, cand) for k = cap_count(int(moments[0]), max_frac)>
+    keep = clip_v_mask(S, E_p[S], A, mask, moments=moments, cap_cut=cut)
 
 Zero-spread rule: the population standard deviation ``s`` is treated as zero (nothing is
 masked) when ``var <= 1e-14 * E[x^2]``, i.e. ``s`` below ~1e-7 of the RMS of the score. That
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
     "cap_count",
@@ -37,8 +37,6 @@ __all__ = [
     "clip_v_deviation",
     "clip_v_mask",
     "clip_v_scores",
-    "kth_largest",
-    "local_top_scores",
     "moment_stats",
 ]
 
@@ -214,39 +212,6 @@ def cap_count(num_valid: int, max_frac: float) -> int:
     return max(math.floor(max_frac * num_valid + _CAP_FLOOR_TOL), 1)
 
 
-def local_top_scores(scores: Tensor, candidates: Tensor, k: int) -> Tensor:
-    """The ``k`` largest candidate scores of this shard, padded with ``-inf`` to length ``k``.
-
-    A fixed length lets a distributed caller ``all_gather`` them; the global ``k``-th largest
-    candidate score is then ``kth_largest(gathered, k)``.
-
-    Returns:
-        float64 ``[k]``, descending.
-    """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    picked = scores.detach().to(torch.float64)[candidates]
-    out = torch.full((k,), -math.inf, dtype=torch.float64, device=scores.device)
-    take = min(k, picked.numel())
-    if take:
-        out[:take] = torch.topk(picked, take).values
-    return out
-
-
-def kth_largest(values: Tensor, k: int) -> Tensor:
-    """``k``-th largest entry (1-based, counting duplicates) of ``values``; ``-inf`` when fewer than ``k``.
-
-    Returns:
-        float64 scalar tensor.
-    """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    flat = values.detach().reshape(-1).to(torch.float64)
-    if flat.numel() < k:
-        return torch.tensor(-math.inf, dtype=torch.float64, device=values.device)
-    return torch.topk(flat, k).values[-1]
-
-
 def clip_v_mask(
     discriminator: Tensor,
     policy_average: Tensor,
@@ -257,16 +222,15 @@ def clip_v_mask(
     max_frac: float | None = 1e-4,
     symmetric: bool = False,
     moments: Tensor | None = None,
-    cap_threshold: float | Tensor | None = None,
+    cap_cut: TopKCut | None = None,
 ) -> Tensor:
     """Clip_V keep mask: drop negative-advantage tokens whose ``D = E_p[S] - S`` exceeds ``mu * s``, capped.
 
     Candidates come from :func:`clip_v_scores`. At most ``max(floor(max_frac * n), 1)`` of the
     ``n`` valid tokens are masked: when more qualify, the candidates with the largest scores go,
-    ranked all together. **Ties at the cap**: every candidate whose score equals the cap
-    threshold (the ``k``-th largest candidate score) is masked, so ties can exceed the cap by
-    the tied tokens only; this makes the result independent of token order and identical under
-    any sharding.
+    ranked all together. **Ties at the cap** are broken by global token index (row-major, lower
+    ranks first; :mod:`lit_entropy.functional.selection`), so exactly the cap is masked and the
+    result is identical under any sharding.
 
     Args:
         discriminator: ``S`` per token, ``[B, T]``.
@@ -277,8 +241,8 @@ def clip_v_mask(
         max_frac: largest masked fraction of the valid tokens, in (0, 1]; None = no cap.
         symmetric: also mask positive-advantage tokens with ``-D > mu * s``.
         moments: optional float64 ``[3]`` global moments of ``D``; its count is the ``n`` of the cap.
-        cap_threshold: optional global ``k``-th largest candidate score from a distributed caller
-            (candidates with ``score >= cap_threshold`` are masked); computed locally when None.
+        cap_cut: optional global top-k cut of the candidate scores from a distributed caller
+            (:class:`~lit_entropy.functional.selection.TopKCut`); computed locally when None.
 
     Returns:
         Bool ``[B, T]`` keep mask, a subset of ``mask``.
@@ -290,9 +254,7 @@ def clip_v_mask(
         discriminator, policy_average, advantages, mask, mu=mu, symmetric=symmetric, moments=moments
     )
     if max_frac is not None:
-        if cap_threshold is None:
-            k = cap_count(int(moments[0].item()), max_frac)
-            cap_threshold = kth_largest(scores[candidates], k)
-        threshold = torch.as_tensor(cap_threshold, dtype=torch.float64, device=scores.device)
-        candidates = candidates & (scores >= threshold)
+        if cap_cut is None:
+            cap_cut = top_k_cut(scores, candidates, cap_count(int(moments[0].item()), max_frac))
+        candidates = top_k_mask(scores, candidates, cap_cut)
     return mask & ~candidates

@@ -16,6 +16,11 @@ Every function takes optional *global* statistics so that a distributed caller (
 all-gather, see :mod:`lit_entropy.callbacks.entropy_control`) selects over the whole batch, not per
 rank; without them the local tensors are the whole batch. All per-token tensors are ``[B, T]`` with
 a bool ``mask`` (True = valid response token); flattening order is row-major.
+
+Ties: KL-Cov and high-entropy selection are top-``k`` rules and select exactly ``k`` tokens, ties
+broken by global token index (:mod:`lit_entropy.functional.selection`); an all-zero-advantage batch
+(every ``cov`` = 0) therefore still penalises only ``k`` tokens. Clip-Cov needs no tie rule: it
+draws exactly ``min(k, #candidates)`` candidates uniformly, whatever their scores.
 """
 
 from __future__ import annotations
@@ -25,15 +30,15 @@ import math
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.clipping import kth_largest
+from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
     "clip_cov_candidates",
     "clip_cov_mask",
     "covariance_scores",
+    "high_entropy_count",
     "high_entropy_mask",
     "kl_cov_coefficients",
-    "linear_quantile",
     "random_global_picks",
     "selection_count",
 ]
@@ -175,12 +180,12 @@ def kl_cov_coefficients(
     ratio: float = 2e-3,
     coef: float = 1.0,
     means: tuple[float, float] | Tensor | None = None,
-    threshold: float | Tensor | None = None,
+    cut: TopKCut | None = None,
 ) -> Tensor:
     """KL-Cov penalty coefficients: ``coef`` on the ``max(int(ratio * N), 1)`` largest-``cov`` tokens, else 0.
 
-    **Ties**: every valid token whose ``cov`` equals the threshold (the ``k``-th largest) gets the
-    penalty, so the result does not depend on token order or sharding.
+    **Ties** are broken by global token index (:mod:`lit_entropy.functional.selection`): exactly
+    ``k`` tokens get the penalty, identically under any sharding.
 
     Args:
         advantages: ``[B, T]``.
@@ -189,7 +194,7 @@ def kl_cov_coefficients(
         ratio: ``kl_cov_ratio`` in (0, 1].
         coef: ``ppo_kl_coef`` (>= 0), the weight of ``|log p - log p_old|``.
         means: global ``(mean A, mean log p)``; local when None.
-        threshold: global ``k``-th largest ``cov`` (from gathered per-rank top-k); local when None.
+        cut: global top-``k`` cut of ``cov`` over the valid tokens (from a distributed caller); local when None.
 
     Returns:
         float32 ``[B, T]`` coefficients.
@@ -199,47 +204,44 @@ def kl_cov_coefficients(
         raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got ppo_kl_coef={coef!r}")
     mask = _check_mask(mask, logprobs.shape)
     cov = covariance_scores(advantages, logprobs, mask, means=means)
-    if threshold is None:
-        threshold = kth_largest(cov[mask], selection_count(int(mask.sum()), ratio))
-    threshold = torch.as_tensor(threshold, dtype=torch.float64, device=cov.device)
-    chosen = mask & (cov >= threshold)
-    return chosen.to(torch.float32) * float(coef)
+    if cut is None:
+        cut = top_k_cut(cov, mask, selection_count(int(mask.sum()), ratio))
+    return top_k_mask(cov, mask, cut).to(torch.float32) * float(coef)
 
 
-def linear_quantile(values: Tensor, q: float) -> Tensor:
-    """``q``-quantile with linear interpolation (``torch.quantile``'s default), NaN entries ignored.
+def high_entropy_count(num_valid: int, rho: float) -> int:
+    """Tokens kept by high-entropy selection: ``1 + floor(rho * (num_valid - 1))`` (0 when none is valid).
 
-    Returns:
-        float64 scalar tensor; NaN when no value is present.
+    This is how many tokens TRL's rule ``entropy >= (1 - rho)``-quantile (linear interpolation) keeps
+    when all entropies differ; the floor has the 1e-9 tolerance of Clip_V's cap so that a decimal
+    ``rho`` times an integer count is not rounded down by binary floating point.
     """
-    if not (isinstance(q, (int, float)) and 0 <= q <= 1):
-        raise ValueError(f"q must be in [0, 1], got q={q!r}")
-    flat = values.detach().reshape(-1).to(torch.float64)
-    return torch.nanquantile(flat, float(q)) if flat.numel() else torch.tensor(math.nan, dtype=torch.float64)
+    rho = _check_ratio("rho", rho)
+    if num_valid < 0:
+        raise ValueError(f"num_valid must be >= 0, got num_valid={num_valid}")
+    return 0 if num_valid == 0 else 1 + math.floor(rho * (int(num_valid) - 1) + 1e-9)
 
 
-def high_entropy_mask(
-    entropy: Tensor, mask: Tensor, *, rho: float = 0.2, threshold: float | Tensor | None = None
-) -> Tensor:
-    """Keep only the top-``rho`` entropy tokens: ``entropy >= (1 - rho)``-quantile over valid tokens.
+def high_entropy_mask(entropy: Tensor, mask: Tensor, *, rho: float = 0.2, cut: TopKCut | None = None) -> Tensor:
+    """Keep only the top-``rho`` entropy tokens: the :func:`high_entropy_count` highest-entropy valid tokens.
 
-    TRL's ``top_entropy_quantile`` semantics (linear-interpolated quantile, ``>=``): ``rho = 1``
-    keeps everything, ``rho = 0.2`` keeps about a fifth.
+    TRL's ``top_entropy_quantile`` keeps ``entropy >= (1 - rho)``-quantile; without ties this is the
+    same set. With ties it would keep every token tied at the quantile (a batch of mostly zero-entropy
+    tokens would keep them all); here exactly the count is kept, ties broken by global token index.
+    ``rho = 1`` keeps everything.
 
     Args:
         entropy: ``[B, T]`` per-position entropy (nats).
         mask: ``[B, T]`` bool.
         rho: kept share in (0, 1].
-        threshold: global quantile (from values gathered across ranks); local when None.
+        cut: global top-``k`` cut of the entropies, ``k = high_entropy_count(global N, rho)``, from a
+            distributed caller; local when None.
 
     Returns:
         bool ``[B, T]`` keep mask, a subset of ``mask``.
     """
     rho = _check_ratio("rho", rho)
     mask = _check_mask(mask, entropy.shape)
-    if threshold is None:
-        threshold = linear_quantile(entropy[mask], 1.0 - rho)
-    threshold = torch.as_tensor(threshold, dtype=torch.float64, device=entropy.device)
-    if torch.isnan(threshold):
-        return torch.zeros_like(mask)
-    return mask & (entropy.detach().to(torch.float64) >= threshold)
+    if cut is None:
+        cut = top_k_cut(entropy, mask, high_entropy_count(int(mask.sum()), rho))
+    return top_k_mask(entropy, mask, cut)

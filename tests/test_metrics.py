@@ -13,6 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _distributed import free_port, init_gloo
+from _metric_references import prompt_rows as _rows
+from _metric_references import ref_avg as _ref_avg
+from _metric_references import ref_clip
+from _metric_references import ref_pass as _ref_pass
+from _metric_references import ref_token_entropy as _ref_token_entropy
 
 from lit_entropy.metrics import AvgAtK, ClipRatio, PassAtK, TokenEntropy
 
@@ -60,47 +65,8 @@ def _shard(data: dict[str, list[Any]], rank: int) -> dict[str, list[Any]]:
 # --------------------------------------------------------------------------- plain-Python references
 
 
-def _ref_token_entropy(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    total, count = 0.0, 0
-    for values, mask in batches:
-        for value_row, mask_row in zip(values.tolist(), mask.tolist(), strict=True):
-            for value, keep in zip(value_row, mask_row, strict=True):
-                if keep:
-                    total += value
-                    count += 1
-    return total / count if count else math.nan
-
-
 def _ref_clip(batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-    low = high = count = 0
-    for ratio, advantages, mask in batches:
-        for b, (ratio_row, mask_row) in enumerate(zip(ratio.tolist(), mask.tolist(), strict=True)):
-            for t, (r, keep) in enumerate(zip(ratio_row, mask_row, strict=True)):
-                if not keep:
-                    continue
-                a = advantages[b].item() if advantages.ndim == 1 else advantages[b, t].item()
-                count += 1
-                if r < 1 - EPS_LOW and a < 0:
-                    low += 1
-                if r > 1 + EPS_HIGH and a > 0:
-                    high += 1
-    return {"low": low / count, "high": high / count, "total": (low + high) / count}
-
-
-def _rows(batches: list[torch.Tensor]) -> list[list[bool]]:
-    return [row for batch in batches for row in batch.tolist()]
-
-
-def _ref_avg(rows: list[list[bool]]) -> float:
-    return sum(sum(row) / len(row) for row in rows) / len(rows)
-
-
-def _ref_pass(rows: list[list[bool]], k: int) -> float:
-    per_prompt = []
-    for row in rows:
-        n, c = len(row), sum(row)
-        per_prompt.append(1 - math.comb(n - c, k) / math.comb(n, k))
-    return sum(per_prompt) / len(per_prompt)
+    return ref_clip(batches, EPS_LOW, EPS_HIGH)
 
 
 def _references(data: dict[str, list[Any]]) -> dict[str, float]:
@@ -405,6 +371,103 @@ def test_token_entropy_ignores_gradients_and_any_float_dtype() -> None:
     metric.update(values.to(torch.bfloat16), torch.tensor([[True, True, False]]))
     assert not metric.compute().requires_grad
     assert metric.compute().item() == _approx(1.0)
+
+
+def test_clip_ratio_output_returns_one_fraction() -> None:
+    data = _dataset()
+    ref = _ref_clip(data["clip"])
+    for output in ("low", "high", "total"):
+        metric = ClipRatio(EPS_LOW, EPS_HIGH, output=output)
+        for batch in data["clip"]:
+            metric.update(*batch)
+        value = metric.compute()
+        assert isinstance(value, torch.Tensor) and value.ndim == 0
+        assert value.item() == _approx(ref[output])
+    with pytest.raises(ValueError, match="output='region'"):
+        ClipRatio(output="region")
+
+
+def test_clip_ratio_outputs_share_one_compute_group() -> None:
+    # Equal settings: MetricCollection fuses the three into one group and updates it once.
+    from torchmetrics import MetricCollection
+
+    data = _dataset()
+    clips = MetricCollection(
+        {name: ClipRatio(EPS_LOW, EPS_HIGH, output=name) for name in ("low", "high", "total")}, prefix="clip/"
+    )
+    for batch in data["clip"]:
+        clips.update(*batch)
+    assert [sorted(group) for group in clips.compute_groups.values()] == [["high", "low", "total"]]
+    ref = _ref_clip(data["clip"])
+    assert {k: v.item() for k, v in clips.compute().items()} == {f"clip/{k}": _approx(v) for k, v in ref.items()}
+
+
+def _step_value(metric: Any) -> Any:
+    """What Lightning 2.6 logs at step level for a metric object: ``self.log`` reads ``_forward_cache``."""
+    return metric._forward_cache
+
+
+def test_step_value_after_updates_covers_the_updates_since_the_last_read() -> None:
+    data = _dataset()
+    batches = data["entropy"]
+    metric = TokenEntropy()
+    assert _step_value(metric) is None
+    metric.update(*batches[0])
+    metric.update(*batches[1])
+    assert _step_value(metric).item() == _approx(_ref_token_entropy(batches[:2]))
+    # Reading again without updates gives the same value; the accumulated state is untouched.
+    assert _step_value(metric).item() == _approx(_ref_token_entropy(batches[:2]))
+    metric.update(*batches[2])
+    assert _step_value(metric).item() == _approx(_ref_token_entropy(batches[2:3]))
+    # forward keeps torchmetrics' meaning: that batch's value.
+    assert metric(*batches[3]).item() == _approx(_ref_token_entropy(batches[3:]))
+    assert _step_value(metric).item() == _approx(_ref_token_entropy(batches[3:]))
+    assert metric.compute().item() == _approx(_ref_token_entropy(batches))
+    # Updates after a forward count from the forward on.
+    metric.update(*batches[0])
+    assert _step_value(metric).item() == _approx(_ref_token_entropy(batches[:1]))
+    metric.reset()
+    assert _step_value(metric) is None
+
+
+def test_step_value_survives_moves_pickling_and_sync_state() -> None:
+    data = _dataset()
+    metric = PassAtK(K)
+    metric.update(data["correct"][0])
+    _step_value(metric)
+    metric.update(data["correct"][1])
+    # A device/dtype move between updates neither computes nor restarts the window.
+    metric.to(torch.bfloat16)
+    metric.update(data["correct"][2])
+    clone = pickle.loads(pickle.dumps(metric))
+    expected = _ref_pass(_rows(data["correct"][1:3]), K)
+    assert _step_value(clone).item() == _approx(expected)
+    assert _step_value(metric).item() == _approx(expected)
+    # The global value and compute cache are those of all updates.
+    assert metric.compute().item() == _approx(_ref_pass(_rows(data["correct"][:3]), K))
+    assert metric.total.dtype == torch.float64
+
+
+def test_public_metrics_are_exported() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    from torchmetrics import Metric
+
+    import lit_entropy.metrics as package
+
+    found = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, obj in vars(module).items():
+            public = not name.startswith("_") and not inspect.isabstract(obj)
+            if inspect.isclass(obj) and issubclass(obj, Metric) and obj.__module__ == module.__name__ and public:
+                found.add(name)
+    assert found >= {"TokenEntropy", "ClipRatio", "AvgAtK", "PassAtK"}
+    assert sorted(package.__all__) == sorted(found)
+    for name in found:
+        assert getattr(package, name).__module__.startswith(package.__name__)
 
 
 # --------------------------------------------------------------------------- validation

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -11,6 +11,9 @@ from lit_entropy.functional.policy_loss import clipped_token_masks
 from lit_entropy.metrics._base import _Float64StateMetric, _token_mask
 
 __all__ = ["ClipRatio"]
+
+
+_OUTPUTS = ("low", "high", "total")
 
 
 class ClipRatio(_Float64StateMetric):
@@ -30,13 +33,24 @@ class ClipRatio(_Float64StateMetric):
       ``None`` counts every token.
 
     As output of ``forward`` and ``compute`` the metric returns a dict with float64 scalars under
-    ``"low"``, ``"high"`` and ``"total"``; all are NaN when no valid token was seen. Log it with
-    ``self.log_dict({f"clip/{k}": v for k, v in metric.compute().items()})`` and call
-    ``metric.reset()`` yourself: ``self.log`` only takes metric objects that return a scalar.
+    ``"low"``, ``"high"`` and ``"total"``, or with ``output="low"``/``"high"``/``"total"`` that one
+    float64 scalar; all are NaN when no valid token was seen. Lightning's ``self.log`` and
+    ``self.log_dict`` take only metric objects that return a scalar, so log the three fractions as
+    three ``output=`` metrics in a :class:`~torchmetrics.MetricCollection`: their states are equal,
+    so the collection's compute groups update them once per ``update``::
+
+        self.clip = MetricCollection(
+            {name: ClipRatio(0.2, 0.28, output=name) for name in ("low", "high", "total")}, prefix="train/clip/"
+        )
+        ...
+        self.clip.update(ratio, advantages, mask)
+        self.log_dict(self.clip)  # train/clip/low, train/clip/high, train/clip/total
 
     Args:
         clip_ratio_low: lower clip epsilon, ``>= 0`` (ratio floor ``1 - clip_ratio_low``).
         clip_ratio_high: upper clip epsilon, ``>= 0`` (ratio ceiling ``1 + clip_ratio_high``).
+        output: ``None`` for the dict of all three fractions, or the one fraction to return:
+            ``"low"``, ``"high"`` or ``"total"``.
         kwargs: additional keyword arguments of :class:`~torchmetrics.Metric`.
 
     Example:
@@ -48,6 +62,8 @@ class ClipRatio(_Float64StateMetric):
         >>> mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
         >>> {name: round(value.item(), 4) for name, value in metric(ratio, advantages, mask).items()}
         {'low': 0.1429, 'high': 0.2857, 'total': 0.4286}
+        >>> ClipRatio(clip_ratio_low=0.2, clip_ratio_high=0.28, output="total")(ratio, advantages, mask)
+        tensor(0.4286, dtype=torch.float64)
     """
 
     is_differentiable = False
@@ -58,14 +74,24 @@ class ClipRatio(_Float64StateMetric):
     plot_upper_bound = 1.0
     # A bf16 cast could round two different clip ranges to the same value.
     _float64_states = ("config",)
+    _constant_states = ("config",)
 
     num_low: Tensor
     num_high: Tensor
     num_tokens: Tensor
     config: Tensor
 
-    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        output: Literal["low", "high", "total"] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if output is not None and output not in _OUTPUTS:
+            raise ValueError(f"`output` must be None or one of {_OUTPUTS}, got output={output!r}")
+        self.output = output
         for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"`{name}` must be a float >= 0, got {name}={value!r}")
@@ -118,9 +144,12 @@ class ClipRatio(_Float64StateMetric):
         self.num_high += (high & mask).sum()
         self.num_tokens += mask.sum()
 
-    def compute(self) -> dict[str, Tensor]:
-        """Fractions of valid tokens clipped: ``{"low", "high", "total"}`` (float64; NaN with no tokens)."""
+    def compute(self) -> dict[str, Tensor] | Tensor:
+        """Clipped fractions of valid tokens: all three as a dict, or the ``output`` one (float64; NaN if no token)."""
         num_tokens = self.num_tokens.to(torch.float64)
-        low = self.num_low / num_tokens
-        high = self.num_high / num_tokens
-        return {"low": low, "high": high, "total": (self.num_low + self.num_high) / num_tokens}
+        values = {
+            "low": self.num_low / num_tokens,
+            "high": self.num_high / num_tokens,
+            "total": (self.num_low + self.num_high) / num_tokens,
+        }
+        return values if self.output is None else values[self.output]

@@ -116,6 +116,7 @@ class PassAtK(_PromptMean):
     """
 
     config: Tensor
+    _constant_states = ("config",)
 
     def __init__(self, k: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)

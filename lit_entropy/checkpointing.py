@@ -9,12 +9,17 @@ callback itself (``RFTModule.configure_callbacks``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
 import random
+import secrets
 import shutil
 import signal
-import tempfile
+import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +35,11 @@ __all__ = [
     "AtomicCheckpointIO",
     "ResumableCheckpointing",
     "atomic_directory_replace",
+    "disk_full_message",
     "get_rng_state",
+    "remove_stale_temporaries",
     "set_rng_state",
+    "temporary_name",
 ]
 
 _RNG_KEY = "lit_entropy_rng_states"
@@ -42,8 +50,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     The checkpoint goes to a temporary file in the target directory, is flushed and fsync'ed, then
     ``os.replace``'d over the target (atomic on POSIX within one file system), and the directory entry is
-    fsync'ed. A crash mid-write leaves the previous checkpoint intact and at worst a stray ``.tmp`` file.
-    Remote paths (fsspec URLs) use Lightning's transactional write.
+    fsync'ed. A crash mid-write leaves the previous checkpoint intact; a ``kill -9`` mid-write leaves a
+    hidden ``.lit_entropy_tmp.*`` file whose name matches no checkpoint pattern (Lightning's ``last`` and
+    ``hpc_ckpt_N`` lookups do not see it) and which the next write into that directory removes. Files get
+    the usual permissions (``0o666`` minus the umask), not ``mkstemp``'s 0600. A full disk raises an
+    ``OSError`` saying "no space left on device" with the path. Remote paths (fsspec URLs) use Lightning's
+    transactional write.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -53,18 +65,89 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path)
             return
         target = Path(str(path).removeprefix("file://"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+        with disk_full_message(target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(target.parent)
+            tmp = target.parent / temporary_name()
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+                with os.fdopen(fd, "wb") as handle:
+                    torch.save(checkpoint, handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            _fsync_directory(target.parent)
+
+
+# Temporary files and directories: hidden, and named so that no checkpoint lookup matches them (Lightning
+# finds "last" checkpoints by substring and HPC checkpoints by "hpc_ckpt_" plus every digit of the name).
+_TMP_PREFIX = ".lit_entropy_tmp."
+
+
+def temporary_name() -> str:
+    """A unique hidden name for a temporary file or directory: ``.lit_entropy_tmp.<host>.<pid>.<random>``.
+
+    Host (hashed to hex) and pid let :func:`remove_stale_temporaries` tell an abandoned temporary (its
+    process is gone) from one being written right now.
+    """
+    return f"{_TMP_PREFIX}{_host_tag()}.{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete temporaries in ``directory`` left by a killed writer of this host (its pid no longer runs).
+
+    Returns the removed paths. Temporaries of other hosts (shared file systems) or live processes are kept.
+    """
+    removed = []
+    host = _host_tag()
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        parts = entry.name[len(_TMP_PREFIX) :].split(".") if entry.name.startswith(_TMP_PREFIX) else []
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def disk_full_message(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise ``ENOSPC`` / ``EDQUOT`` as an ``OSError`` that says so and names ``path``."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        _fsync_directory(target.parent)
+        raise OSError(
+            err.errno,
+            f"no space left on device while writing {path} ({os.strerror(err.errno)}); free space on that file "
+            "system or point the output elsewhere. The previous file, if any, is intact",
+        ) from err
 
 
 def _fsync_directory(path: Path) -> None:
@@ -85,25 +168,29 @@ def atomic_directory_replace(build: Any, target: str | os.PathLike) -> Path:
     """Write a directory atomically: ``build(tmp_dir)`` fills a sibling temp dir that then replaces ``target``.
 
     Readers see either the old directory or the complete new one (the old one is moved aside, the new one
-    renamed in, the old one deleted).
+    renamed in, the old one deleted). The new directory gets ``mkdir``'s usual permissions (umask applies).
+    Callers decide whether ``target`` may be replaced (see :func:`lit_entropy.export.export_hf_model`).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        build(tmp)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        _fsync_directory(target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_message(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target.parent)
+        tmp = target.parent / temporary_name()
+        tmp.mkdir()  # mode 0o777 minus the umask, unlike mkdtemp's 0700
+        try:
+            build(tmp)
+            old = None
+            if target.exists():
+                # Not a temporary: were the process killed between the two renames, this is the only copy.
+                old = target.parent / f".lit_entropy_old.{target.name}.{os.getpid()}.{secrets.token_hex(4)}"
+                os.replace(target, old)
+            os.replace(tmp, target)
+            _fsync_directory(target.parent)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
 
 

@@ -1,4 +1,4 @@
-"""Exact resume and safe checkpoints: atomic file writes, RNG states, a checkpoint on Ctrl-C, HF export.
+"""Exact resume and safe checkpoints: atomic file writes, RNG states, a checkpoint on Ctrl-C / SIGTERM / requeue.
 
 Lightning restores the model, optimizer, LR scheduler, loop progress, callback states and (for a stateful
 loader, :class:`~lit_entropy.data.sampler.ResumableDataLoader`) the data position. It does not save the
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 _RNG_KEY = "lit_entropy_rng_states"
+# Pending stop requests, ordered: the larger one wins when ranks disagree.
+_STOP_INTERRUPT = 1  # SIGTERM, or Ctrl-C with several processes: <log_dir>/checkpoints/interrupted.ckpt
+_STOP_REQUEUE = 2  # SLURM requeue signal: Lightning's hpc_ckpt_N.ckpt, then scontrol requeue
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -235,10 +239,15 @@ class ResumableCheckpointing(Callback):
     * validation inside ``fit`` leaves the training RNG stream unchanged (state taken at the end of the
       training batch, restored after validation), so a checkpoint written before or after a validation
       pass, and a resumed run that repeats or skips one, continue the same training stream.
-    * Ctrl-C with several processes: a SIGINT handler (main thread) only records the request; at the end of
-      the current training batch the ranks agree on it (one all-reduce per batch), all of them write
-      ``<log_dir>/checkpoints/interrupted.ckpt`` together (saving is collective under FSDP2) and the run
-      stops cleanly. A second Ctrl-C interrupts at once, as usual.
+    * SIGTERM (what SLURM, Kubernetes and ``timeout`` send), and Ctrl-C with several processes: a handler
+      (main thread) only records the request; at the end of the current training batch the ranks agree on
+      it (one all-reduce per batch), all of them write ``<log_dir>/checkpoints/interrupted.ckpt`` together
+      (saving is collective under FSDP2) and the run stops cleanly; resuming from it continues exactly. A
+      second Ctrl-C interrupts at once, as usual.
+    * SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default under SLURM): the requeue
+      signal (SIGUSR1; ``sbatch --signal=USR1@<seconds>``) is handled the same way, but the checkpoint is
+      Lightning's ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` and rank 0 then runs ``scontrol requeue``; the
+      requeued job resumes from it without ``--ckpt_path`` (Lightning picks the newest ``hpc_ckpt``).
     * ``on_exception`` with ``KeyboardInterrupt`` (single process): writes ``<log_dir>/checkpoints/interrupted.ckpt``.
       When the interrupt lands inside a training batch the checkpoint describes the state at the start of
       that batch (RNG state and data position rewound), so the resumed run redoes the batch. Optimizer
@@ -246,7 +255,7 @@ class ResumableCheckpointing(Callback):
       (the GRPO default) an interrupt before the step resumes exactly.
 
     Args:
-        interrupt_checkpoint: write the Ctrl-C checkpoint.
+        interrupt_checkpoint: write the Ctrl-C / SIGTERM / requeue checkpoints (and install the handlers).
         atomic_io: install :class:`AtomicCheckpointIO`.
     """
 
@@ -258,8 +267,8 @@ class ResumableCheckpointing(Callback):
         self._step_start_state: dict[str, Any] | None = None
         self._val_state: dict[str, Any] | None = None
         self._saving_mid_step = False
-        self._stop_requested = False
-        self._previous_sigint: Any = None
+        self._stop_code = 0
+        self._previous_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -300,26 +309,78 @@ class ResumableCheckpointing(Callback):
             self._pending = None
         # A resumed run may validate before its first batch (Lightning repeats an interrupted check).
         self._val_state = get_rng_state()
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if self.interrupt_checkpoint and trainer.world_size > 1 and in_main_thread:
-            self._stop_requested = False
-            self._previous_sigint = signal.signal(signal.SIGINT, self._request_stop)
+        self._install_signal_handlers(trainer)
 
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True
-        # The next Ctrl-C goes to the previous handler (normally: KeyboardInterrupt at once).
-        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
+    # ---------------------------------------------------- signals (Ctrl-C, SIGTERM, SLURM requeue)
+    def _install_signal_handlers(self, trainer: Trainer) -> None:
+        """Handlers that only record a request; the ranks act on it together at the end of the batch.
 
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-        self._previous_sigint = None
+        SIGTERM (preemption, ``timeout``, Kubernetes) always; SIGINT with several processes (a single
+        process takes Lightning's KeyboardInterrupt path, see ``on_exception``); the SLURM requeue signal
+        (SIGUSR1 by default) when Lightning's ``SLURMEnvironment(auto_requeue=True)`` is active. These
+        replace Lightning's own SIGTERM / SIGUSR1 handlers for the duration of training: Lightning's save
+        a checkpoint from inside the signal handler, in the middle of a step (collectives under FSDP2
+        could hang) and not resumable exactly.
+        """
+        self._stop_code = 0
+        if not self.interrupt_checkpoint or threading.current_thread() is not threading.main_thread():
+            return
+        wanted = {signal.SIGTERM: _STOP_INTERRUPT}
+        if trainer.world_size > 1:
+            wanted[signal.SIGINT] = _STOP_INTERRUPT
+        environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and hasattr(signal, "SIGUSR1"):
+            wanted[environment.requeue_signal or signal.SIGUSR1] = _STOP_REQUEUE
+        for signum, code in wanted.items():
+            self._previous_handlers[signum] = signal.signal(signum, self._make_handler(code))
+
+    def _make_handler(self, code: int) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_code = max(self._stop_code, code)
+            if signum == signal.SIGINT:  # the next Ctrl-C goes to the previous handler (KeyboardInterrupt at once)
+                signal.signal(signal.SIGINT, self._previous_handlers.get(signum) or signal.default_int_handler)
+
+        return handler
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._restore_sigint()
+        self._restore_signal_handlers()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_signal_handlers()
+
+    def _act_on_stop_request(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the end of a training batch: agree on a pending request, save together, stop (or requeue)."""
+        if not self._previous_handlers:
+            return
+        # Every rank joins, so all of them see a signal that reached any of them.
+        code = torch.tensor([float(self._stop_code)], device=pl_module.device)
+        if _world()[1] > 1:
+            dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        code_value = int(code.item())
+        if code_value == 0:
+            return
+        if code_value == _STOP_REQUEUE:
+            # Lightning resumes a requeued SLURM job from the newest hpc_ckpt_N.ckpt of default_root_dir.
+            connector = trainer._checkpoint_connector
+            path = Path(connector.hpc_save_path(trainer.default_root_dir))
+        else:
+            path = _interrupt_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        trainer.should_stop = True
+        self.interrupted_path = path
+        self._stop_code = 0
+        if code_value == _STOP_REQUEUE:
+            if trainer.is_global_zero:
+                _slurm_requeue()
+            rank_zero_info(f"lit_entropy: requeue signal; checkpoint written to {path}, SLURM job requeued")
+        else:
+            rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path {path})")
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._step_start_state = get_rng_state()
@@ -331,17 +392,7 @@ class ResumableCheckpointing(Callback):
         # Snapshot before a validation pass can start: Lightning creates the validation iterator (a draw
         # from the global RNG) before any validation hook runs.
         self._val_state = get_rng_state()
-        if self._previous_sigint is not None:
-            # Every rank joins, so all of them see a Ctrl-C that reached any of them.
-            requested = torch.tensor([float(self._stop_requested)], device=pl_module.device)
-            if _world()[1] > 1:
-                dist.all_reduce(requested, op=dist.ReduceOp.MAX)
-            if requested.item() > 0:
-                path = _interrupt_checkpoint_path(trainer)
-                trainer.save_checkpoint(path)
-                trainer.should_stop = True
-                self.interrupted_path = path
-                rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path)")
+        self._act_on_stop_request(trainer, pl_module)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._val_state = get_rng_state()
@@ -372,6 +423,25 @@ class ResumableCheckpointing(Callback):
             self._saving_mid_step = False
         self.interrupted_path = path
         rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _slurm_requeue() -> None:
+    """``scontrol requeue <job>`` as Lightning's SLURM handler does (array jobs as ``<job>_<task>``)."""
+    import re
+    import subprocess
+
+    array_job = os.getenv("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9_]+", job):
+        rank_zero_warn(f"lit_entropy: cannot requeue: SLURM job id {job!r} is not set or malformed")
+        return
+    try:
+        result = subprocess.call(["scontrol", "requeue", job])
+    except FileNotFoundError:
+        rank_zero_warn("lit_entropy: cannot requeue: scontrol is not on PATH")
+        return
+    if result != 0:
+        rank_zero_warn(f"lit_entropy: scontrol requeue {job} failed with exit code {result}")
 
 
 def _interrupt_checkpoint_path(trainer: Trainer) -> Path:

@@ -154,6 +154,31 @@ def disk_full_message(path: str | os.PathLike) -> Iterator[None]:
         ) from err
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (``os.umask`` must set to read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normalise_permissions(directory: Path) -> None:
+    """Give every file under ``directory`` ``0o666`` minus the umask and every directory ``0o777`` minus it.
+
+    Some writers (``safetensors`` via ``mkstemp``) create 0600 files; an export is meant to be shared.
+    """
+    mask = _umask()
+    for path in [directory, *directory.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def _fsync_directory(path: Path) -> None:
     """Persist a rename (not possible on every platform; then the rename is still atomic)."""
     try:
@@ -172,7 +197,8 @@ def atomic_directory_replace(build: Any, target: str | os.PathLike) -> Path:
     """Write a directory atomically: ``build(tmp_dir)`` fills a sibling temp dir that then replaces ``target``.
 
     Readers see either the old directory or the complete new one (the old one is moved aside, the new one
-    renamed in, the old one deleted). The new directory gets ``mkdir``'s usual permissions (umask applies).
+    renamed in, the old one deleted). Its files and directories get the usual permissions (``0o666`` /
+    ``0o777`` minus the umask), whatever the writer used.
     Callers decide whether ``target`` may be replaced (see :func:`lit_entropy.export.export_hf_model`).
     """
     target = Path(target)
@@ -180,9 +206,10 @@ def atomic_directory_replace(build: Any, target: str | os.PathLike) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target.parent)
         tmp = target.parent / temporary_name()
-        tmp.mkdir()  # mode 0o777 minus the umask, unlike mkdtemp's 0700
+        tmp.mkdir()
         try:
             build(tmp)
+            normalise_permissions(tmp)
             old = None
             if target.exists():
                 # Not a temporary: were the process killed between the two renames, this is the only copy.

@@ -318,7 +318,7 @@ def test_sharded_checkpoint_writes_are_atomic(tiny_model_dir, tmp_path, monkeypa
 
 # ---------------------------------------------------------------------------- preemption (issue 11)
 class SignalAt(HFRolloutEngine):
-    """HF sampling that sends ``signum`` to this process (as a scheduler would) during the ``at``-th training rollout."""
+    """HF sampling that sends ``signum`` to this process (as a scheduler would) in the ``at``-th training rollout."""
 
     def __init__(self, signum: int, at: int, **kwargs) -> None:
         super().__init__(**kwargs)

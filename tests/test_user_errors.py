@@ -127,7 +127,8 @@ def test_export_never_deletes_a_users_files_and_replaces_its_own_exports(tiny_po
     user_dir = tmp_path / "my_project"
     user_dir.mkdir()
     (user_dir / "notes.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match=r"--out='.*my_project' is a non-empty directory .*notes\.txt.*--overwrite"):
+    message = r"--out='.*my_project' is a non-empty directory .*notes\.txt.*--overwrite"
+    with pytest.raises(FileExistsError, match=message):
         export_hf_model(policy, tokenizer, user_dir)
     assert os.listdir(user_dir) == ["notes.txt"] and (user_dir / "notes.txt").read_text() == "precious"
     a_file = tmp_path / "model.bin"
@@ -155,3 +156,123 @@ def test_export_command_refuses_a_foreign_directory_in_one_line_before_loading(t
     with pytest.raises(SystemExit):
         main(["export", "--ckpt_path", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "new")])
     assert "missing; expected a consolidated .ckpt file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- data files
+def _jsonl(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_missing_and_empty_data_files_are_refused_at_construction(tmp_path):
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    with pytest.raises(ValueError, match=r"train_dataset='data/train\.jsonl' does not exist \(resolved to /"):
+        PromptDataModule(train_dataset="data/train.jsonl")
+    empty = tmp_path / "val.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=rf"val_dataset='{empty}' is an empty file \(0 bytes\)"):
+        PromptDataModule(val_dataset=str(empty))
+
+
+def test_unknown_characters_are_an_error_naming_them_and_the_line(tmp_model_dir_with_unk, tmp_path):
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    path = tmp_path / "train.jsonl"
+    # a blank line between the rows: row 1 is on line 3
+    path.write_text('{"prompt": "1+2=", "answer": "3"}\n\n{"prompt": "10/2=", "answer": "5"}\n')
+    dm = PromptDataModule(
+        train_dataset=str(path), val_dataset=None, tokenizer_name_or_path=tmp_model_dir_with_unk, batch_size=1
+    )
+    message = rf"cannot encode the characters '/' \(1 of 2 prompts\); first at row 1 \(line 3 of {path}\): \['/'\]"
+    with pytest.raises(ValueError, match=message):
+        dm.setup("fit")
+
+
+def test_unknown_characters_of_the_arithmetic_task_name_the_alphabet():
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    dm = PromptDataModule(num_train_examples=16, prompt_template="Q:{prompt}", val_dataset=None)
+    message = r"cannot encode the characters ':Q' \(some come from prompt_template\).*knows only '0123456789"
+    with pytest.raises(ValueError, match=message):
+        dm.setup("fit")
+
+
+@pytest.fixture(scope="session")
+def tmp_model_dir_with_unk(tiny_model_dir):
+    return tiny_model_dir  # the char tokenizer of the tiny model has an <unk> token
+
+
+def test_non_utf8_and_renamed_columns_name_the_file_line_and_column(tmp_path, tiny_model_dir):
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes("prompt,answer\n1+2=,3\ncaf\xe9=,4\n".encode("latin-1"))
+    dm = PromptDataModule(train_dataset=str(bad), val_dataset=None, tokenizer_name_or_path=tiny_model_dir)
+    with pytest.raises(ValueError, match=rf"train_dataset='{bad}' is not UTF-8 text: line 3, column 4 has the bytes"):
+        dm.setup("fit")
+    renamed = _jsonl(tmp_path / "r.jsonl", [{"question": "1+2=", "answer": "3"}])
+    dm = PromptDataModule(train_dataset=renamed, val_dataset=None, tokenizer_name_or_path=tiny_model_dir)
+    with pytest.raises(ValueError, match=r"prompt_key='prompt' is not a column .*\['question', 'answer'\]\)"):
+        dm.setup("fit")
+    dm = PromptDataModule(
+        train_dataset=renamed, val_dataset=None, tokenizer_name_or_path=tiny_model_dir, prompt_key="questoin"
+    )
+    with pytest.raises(ValueError, match=r"did you mean 'question'\?"):
+        dm.setup("fit")
+
+
+def test_custom_data_with_the_embedded_model_names_a_setting_that_exists(tmp_path):
+    from lit_entropy.data.datamodule import PromptDataModule
+    from lit_entropy.model_paths import MODEL_PATH_SETTING
+
+    data = _jsonl(tmp_path / "t.jsonl", [{"prompt": "1+2=", "answer": "3"}])
+    with pytest.raises(ValueError, match=rf"With lit-entropy set {MODEL_PATH_SETTING} to your model"):
+        PromptDataModule(train_dataset=data, val_dataset=None).setup("fit")
+
+
+# ----------------------------------------------------------------------------- model paths
+def test_model_path_mistakes_are_named_before_loading(tmp_path, tiny_model_dir):
+    import shutil
+
+    from lit_entropy.model_paths import check_model_dir
+
+    setting = "model.policy.model_name_or_path"
+    assert check_model_dir(tiny_model_dir) == tiny_model_dir
+    assert check_model_dir("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"  # a hub id is left alone
+    missing = str(tmp_path / "models" / "qwen")
+    with pytest.raises(ValueError, match=rf"{setting}='{missing}' does not exist \(resolved to"):
+        check_model_dir(missing)
+    with pytest.raises(ValueError, match=r"'\./no/such/dir' does not exist"):
+        check_model_dir("./no/such/dir")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=rf"{setting}='{empty}' is an empty directory"):
+        check_model_dir(str(empty))
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"is a Lightning checkpoint file, not a model directory.*lit-entropy export"):
+        check_model_dir(str(ckpt))
+    lfs = tmp_path / "lfs"
+    shutil.copytree(tiny_model_dir, lfs)
+    (lfs / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 1234\n")
+    with pytest.raises(ValueError, match=r"model\.safetensors is a Git LFS pointer.*git lfs pull"):
+        check_model_dir(str(lfs))
+    no_weights = tmp_path / "cfg_only"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"has a config.json but no weights"):
+        check_model_dir(str(no_weights))
+    assert check_model_dir(str(no_weights), require_weights=False)  # a tokenizer directory needs no weights
+
+
+def test_the_datamodule_checks_its_tokenizer_path(tmp_path):
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    dm = PromptDataModule(tokenizer_name_or_path=str(empty))
+    with pytest.raises(ValueError, match=r"tokenizer_name_or_path \(lit-entropy: model.policy.model_name_or_path\)="):
+        dm.setup("fit")

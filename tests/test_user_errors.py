@@ -276,3 +276,74 @@ def test_the_datamodule_checks_its_tokenizer_path(tmp_path):
     dm = PromptDataModule(tokenizer_name_or_path=str(empty))
     with pytest.raises(ValueError, match=r"tokenizer_name_or_path \(lit-entropy: model.policy.model_name_or_path\)="):
         dm.setup("fit")
+
+
+# ----------------------------------------------------------------------------- entropy clipping settings and NaN
+def _poisoned_batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    S = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    E = S + 0.3 * torch.randn(4, 6, generator=g, dtype=torch.float64)
+    S[0, 1] = -50.0  # an outlier that Clip_B / Clip_V mask when the statistics are not poisoned
+    E[0, 1] = 5.0
+    A = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    A[0, 1] = -1.0
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[3, 4:] = False
+    bad = torch.zeros(4, 6, dtype=torch.bool)
+    bad[1, 2] = bad[2, 3] = True
+    S[1, 2] = math.nan
+    S[2, 3] = -math.inf
+    return S, E, A, mask, bad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_non_finite_discriminator_tokens_are_excluded_and_kept_not_switching_clipping_off(seed):
+    from test_functional_clipping import ref_clip_b, ref_clip_v
+
+    from lit_entropy.functional.clipping import clip_b_mask, clip_v_mask
+
+    S, E, A, mask, bad = _poisoned_batch(seed)
+    clean = mask & ~bad
+    # reference: the batch without the non-finite tokens (plain Python statistics), those tokens kept
+    S0 = torch.where(bad, torch.zeros_like(S), S)
+    expected_b = torch.tensor(ref_clip_b(S0.tolist(), A.tolist(), clean.tolist(), 1.0)) | bad
+    expected_v = torch.tensor(ref_clip_v(S0.tolist(), E.tolist(), A.tolist(), clean.tolist(), 1.0, 0.1)) | bad
+    keep_b = clip_b_mask(S, A, mask, mu=1.0)
+    keep_v = clip_v_mask(S, E, A, mask, mu=1.0, max_frac=0.1)
+    assert torch.equal(keep_b, expected_b) and torch.equal(keep_v, expected_v)
+    assert not keep_b[0, 1] and not keep_v[0, 1], "clipping is still on for the finite tokens"
+    assert keep_b[bad].all() and keep_v[bad].all()
+
+
+def test_the_callback_logs_the_share_of_non_finite_tokens():
+    from lit_entropy.callbacks import EntropyDiscriminatorClipping
+    from lit_entropy.protocol import TokenMaskContext
+
+    S, E, A, mask, bad = _poisoned_batch(0)
+    logged = {}
+
+    class Module:
+        _trainer = object()
+
+        def log(self, name, value, **kwargs):
+            logged[name] = value
+
+    context = TokenMaskContext(mask=mask, advantages=A, discriminator=S.float(), policy_average=E.float())
+    keep = EntropyDiscriminatorClipping("clip_v", mu=1.0, max_frac=0.1).keep_mask(None, Module(), context)
+    assert not keep[0, 1] and keep[bad].all()
+    assert logged["train/entropy_clip/nonfinite_frac"] == pytest.approx(2 / int(mask.sum()))
+    assert math.isfinite(logged["train/entropy_clip/s_mean"]) and logged["train/entropy_clip_frac"] > 0
+
+
+def test_a_callback_setting_the_chosen_rule_ignores_is_warned_about():
+    import warnings
+
+    from lit_entropy.callbacks import EntropyDiscriminatorClipping
+
+    with pytest.warns(UserWarning, match=r"method='clip_b', max_frac=0.01\): max_frac is ignored"):
+        EntropyDiscriminatorClipping("clip_b", max_frac=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        EntropyDiscriminatorClipping("clip_b")  # the default is not a user choice
+        EntropyDiscriminatorClipping("clip_b", max_frac=None)
+        EntropyDiscriminatorClipping("clip_v", max_frac=0.01)

@@ -377,6 +377,7 @@ class ResumableCheckpointing(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_signal_handlers()
+        _refresh_last_checkpoints(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_signal_handlers()
@@ -450,6 +451,26 @@ class ResumableCheckpointing(Callback):
             self._saving_mid_step = False
         self.interrupted_path = path
         rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _refresh_last_checkpoints(trainer: Trainer) -> None:
+    """Rewrite each ModelCheckpoint's ``last.ckpt`` (``save_last``) when the run ended after its latest save.
+
+    Lightning saves ``last`` with its other checkpoints (after validation or at an epoch end), so a
+    ``max_steps`` run that stops between two of them would otherwise keep an older ``last.ckpt`` than the
+    final weights (which ``fit`` exports). Collective: every rank runs it.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.dirpath is None:
+            continue
+        if getattr(callback, "_last_global_step_saved", None) == trainer.global_step or trainer.global_step == 0:
+            continue
+        path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+        trainer.save_checkpoint(path, weights_only=callback.save_weights_only)
+        callback.last_model_path = path
+        callback._last_global_step_saved = trainer.global_step
 
 
 def _slurm_requeue() -> None:

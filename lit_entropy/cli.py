@@ -92,7 +92,7 @@ class RFTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self.save_config_kwargs["overwrite"] = bool(config.get("overwrite_run", False))
-        if self.subcommand == "fit":
+        if self.subcommand in ("fit", None):  # None: run=False, a trainer built for fit
             apply_default_budget(config["trainer"])
 
     def instantiate_classes(self) -> None:
@@ -101,14 +101,47 @@ class RFTCLI(LightningCLI):
         except ValueError as err:
             raise SettingsError(root_cause(err)) from err
 
+    def parse_arguments(self, parser: Any, args: ArgsType) -> None:
+        self._given_args = args  # re-parsed without defaults to tell explicit settings (_parse_ckpt_path)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path``: the checkpoint's model settings fill in what the user did not set; what the user
+        set explicitly and differs is refused by ``fit`` (or honoured with a warning), honoured with a warning
+        by ``validate`` / ``test`` (README, "Resuming with other settings").
+
+        Replaces Lightning's version, which lets the checkpoint's hyper-parameters override explicit ones
+        silently (and loads the whole checkpoint into memory to read them).
+        """
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path:
+            return
+        saved = read_checkpoint_hparams(ckpt_path)
+        given = self._given_args if self._given_args is not None else sys.argv[1:]
+        explicit = {"model": {}, "data": {}}
+        if isinstance(given, (list, tuple)):
+            namespace = self.parser.parse_args(list(given), defaults=False)[subcommand]
+            for section in explicit:
+                value = namespace.get(section)
+                explicit[section] = value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
+        model = {k: v for k, v in saved["model"].items() if not str(k).startswith("_")}
+        if model:  # Lightning's behaviour for the settings not given: the checkpoint's
+            merged = _deep_merge(model, explicit["model"])
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
+            except SystemExit:
+                sys.stderr.write(f"lit-entropy: the model settings stored in {ckpt_path} do not parse (see above)\n")
+                raise
+        changes = []
+        for section in ("model", "data"):
+            changes += explicit_changes(saved[section], explicit[section], section)
+        allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
+        report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
+
     def before_fit(self) -> None:
         fit = self.config["fit"]
-        if fit.get("ckpt_path"):
-            check_resume_settings(
-                fit["ckpt_path"],
-                {"model": dict(self.model.hparams), "data": dict(getattr(self.datamodule, "hparams", {}))},
-                allow_changes=bool(fit.get("resume_with_changes", False)),
-            )
+        keep_last_checkpoint(self.trainer, fit["trainer"])
         # Read every data file (columns, encoding, characters) before any model is loaded or validated.
         preflight = getattr(self.datamodule, "preflight", None)
         if callable(preflight):
@@ -157,6 +190,31 @@ def apply_default_budget(trainer_config: Any) -> None:
         trainer_config["max_epochs"] = DEFAULT_MAX_EPOCHS
 
 
+def keep_last_checkpoint(trainer: Trainer, trainer_config: Any) -> None:
+    """Give Lightning's default ModelCheckpoint ``save_last=True`` so ``<log_dir>/checkpoints/last.ckpt`` exists.
+
+    Only when the config adds no ModelCheckpoint of its own (whose ``save_last`` is the user's choice).
+    :class:`~lit_entropy.checkpointing.ResumableCheckpointing` refreshes ``last.ckpt`` at the end of
+    ``fit``, so it holds the final step (and agrees with the exported model).
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    configured = trainer_config.get("callbacks") or []
+    configured = configured if isinstance(configured, list) else [configured]
+    if any("ModelCheckpoint" in str(_class_path(c)) for c in configured):
+        return
+    for callback in trainer.callbacks:
+        if type(callback) is ModelCheckpoint and not callback.save_last:
+            callback.save_last = True
+
+
+def _class_path(entry: Any) -> str:
+    if isinstance(entry, str):
+        return entry
+    value = entry.get("class_path") if hasattr(entry, "get") else getattr(entry, "class_path", None)
+    return str(value or type(entry).__name__)
+
+
 def root_cause(err: BaseException) -> str:
     """One line for a settings error: jsonargparse wraps a constructor's ValueError in a dump of every union
     alternative ("Does not validate against any of the Union subtypes ... Errors: - mu must be > 0"); keep the
@@ -185,25 +243,74 @@ RESUME_SAFE_KEYS = frozenset(
 )
 
 
-def diff_settings(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """Differences between two nested settings mappings as ``(dotted key, old, new)``, sorted by key.
+def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """Settings given explicitly (``explicit``, nested) whose value differs from the checkpoint's (``saved``).
 
-    Keys missing on one side count as a difference (shown as ``<unset>``); the leaf names in
-    :data:`RESUME_SAFE_KEYS` are skipped.
+    Returns ``(dotted key, old, new)`` sorted by key; nested dicts (grouped settings, ``class_path`` /
+    ``init_args``) are compared key by key, a key the checkpoint lacks shows as ``<unset>``. The leaf
+    names in :data:`RESUME_SAFE_KEYS` are skipped: they cannot alter the training trajectory.
     """
     from collections.abc import Mapping
 
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            if str(key) in RESUME_SAFE_KEYS:
-                continue
-            name = f"{prefix}.{key}" if prefix else str(key)
-            out += diff_settings(old.get(key, _UNSET), new.get(key, _UNSET), name)
+    out: list[tuple[str, Any, Any]] = []
+    if not isinstance(explicit, Mapping):
         return out
-    if _plain(old) == _plain(new):
-        return []
-    return [(prefix, old, new)]
+    saved = saved if isinstance(saved, Mapping) else {}
+    for key in sorted(explicit, key=str):
+        if str(key) in RESUME_SAFE_KEYS or str(key).startswith("_"):
+            continue
+        name = f"{prefix}.{key}"
+        old, new = saved.get(key, _UNSET), explicit[key]
+        if isinstance(new, Mapping) and isinstance(old, Mapping):
+            out += explicit_changes(old, new, name)
+        elif _plain(old) != _plain(new):
+            out.append((name, old, new))
+    return out
+
+
+def report_setting_changes(
+    ckpt_path: str | Path, changes: list[tuple[str, Any, Any]], subcommand: str, *, allow_changes: bool
+) -> None:
+    """Refuse (``fit`` without ``--resume_with_changes``) or warn about settings that differ from a checkpoint's.
+
+    A resumed ``fit`` restores the weights, the optimizer (with its learning rate) and the LR schedule, so a
+    changed setting would be honoured only partly; ``validate`` / ``test`` use the checkpoint's weights
+    with the settings given.
+    """
+    import warnings
+
+    if not changes:
+        return
+    listing = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+    if not allow_changes:
+        raise SettingsError(
+            f"--ckpt_path={str(ckpt_path)!r} was trained with different settings: {listing}. Resume with the "
+            "checkpoint's settings (drop these overrides, or use --config <its log dir>/config.yaml), pass "
+            "--resume_with_changes true to resume with the new values anyway, or start a new run from an "
+            "exported model"
+        )
+    note = (
+        " The weights, the optimizer state (including its learning rate) and the LR schedule come from the checkpoint."
+        if subcommand == "fit"
+        else " The checkpoint's weights are evaluated with the settings given."
+    )
+    warnings.warn(
+        f"{subcommand} --ckpt_path {ckpt_path}: settings differ from the checkpoint's and the new values are used: "
+        f"{listing}.{note}",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+def _deep_merge(base: Any, override: Any) -> Any:
+    from collections.abc import Mapping
+
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = _deep_merge(base.get(key), value)
+        return merged
+    return override
 
 
 class _Unset:
@@ -240,7 +347,7 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
             f"--ckpt_path={str(ckpt_path)!r} is a directory without meta.pt, not a Lightning checkpoint"
         )
     try:
-        checkpoint = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
+        checkpoint = torch.load(source, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # truncated file, not a checkpoint, ...
         raise SettingsError(
             f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
@@ -249,39 +356,6 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         "model": dict(checkpoint.get("hyper_parameters") or {}),
         "data": dict(checkpoint.get("datamodule_hyper_parameters") or {}),
     }
-
-
-def check_resume_settings(ckpt_path: str | Path, current: dict[str, Any], *, allow_changes: bool = False) -> None:
-    """Refuse to resume with model/data settings that differ from the checkpoint's (the rule of README).
-
-    A resumed run restores the weights, the optimizer (with its learning rate) and the LR schedule from the
-    checkpoint, so a changed setting would be honoured only partly and silently. Every difference is listed
-    as ``key: old -> new``; with ``allow_changes`` they are listed in a warning instead and the new values
-    apply wherever the checkpoint does not restore state.
-    """
-    import warnings
-
-    saved = read_checkpoint_hparams(ckpt_path)
-    changes = []
-    for section in ("model", "data"):
-        if saved[section]:  # checkpoints written without a datamodule have no data section
-            changes += diff_settings(saved[section], current.get(section, {}), section)
-    if not changes:
-        return
-    listing = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
-    if allow_changes:
-        warnings.warn(
-            f"resuming from {ckpt_path} with settings that differ from the checkpoint's: {listing}. The weights, "
-            "optimizer state (including its learning rate) and LR schedule come from the checkpoint",
-            UserWarning,
-            stacklevel=2,
-        )
-        return
-    raise SettingsError(
-        f"--ckpt_path={str(ckpt_path)!r} was trained with different settings: {listing}. Resume with the "
-        "checkpoint's settings (e.g. --config <its log dir>/config.yaml), or pass --resume_with_changes true "
-        "to accept the changes, or start a new run from an exported model"
-    )
 
 
 # --------------------------------------------------------------------------- entry points

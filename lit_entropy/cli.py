@@ -141,6 +141,7 @@ class RFTCLI(LightningCLI):
 
     def before_fit(self) -> None:
         fit = self.config["fit"]
+        check_model_paths(self.model)
         keep_last_checkpoint(self.trainer, fit["trainer"])
         # Read every data file (columns, encoding, characters) before any model is loaded or validated.
         preflight = getattr(self.datamodule, "preflight", None)
@@ -149,6 +150,27 @@ class RFTCLI(LightningCLI):
         # A resumed run validated its starting point already (and the weights are restored only inside fit).
         if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not _resuming(self, fit):
             self.trainer.validate(self.model, datamodule=self.datamodule)
+
+    def before_validate(self) -> None:
+        check_model_paths(self.model)
+
+    def before_test(self) -> None:
+        check_model_paths(self.model)
+
+
+def check_model_paths(model: Any) -> None:
+    """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
+    from lit_entropy.model_paths import MODEL_PATH_SETTING, check_model_dir
+
+    try:
+        path = getattr(model, "model_name_or_path", None)
+        if path is not None:
+            check_model_dir(path, MODEL_PATH_SETTING)
+        critic = getattr(getattr(model, "hparams", {}), "get", lambda key: None)("critic_model_name_or_path")
+        if critic is not None:
+            check_model_dir(critic, "model.ppo.critic_model_name_or_path")
+    except ValueError as err:
+        raise SettingsError(str(err)) from err
 
 
 def _resuming(cli: RFTCLI, fit: Any) -> bool:

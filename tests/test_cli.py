@@ -264,3 +264,18 @@ def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_pat
     with pytest.warns(UserWarning, match=r"model.val_num_samples: 8 -> 4\. The checkpoint's weights are evaluated"):
         cli = cli_main([*validate, *SHORT_FIT[1:], "--model.val_num_samples=4"])
     assert "val/avg@4" in cli.trainer.callback_metrics
+
+
+def test_a_bad_model_path_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+    from lit_entropy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "last.ckpt").write_bytes(b"not a model")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--config", str(GRPO_TINY), "--model.model_name_or_path=last.ckpt"])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
+    assert len(err) == 1
+    assert err[0].startswith(
+        "lit-entropy: error: model.policy.model_name_or_path='last.ckpt' is a Lightning checkpoint"
+    )

@@ -44,10 +44,15 @@ class RunDirectoryGuard(SaveConfigCallback):
 
     A logger version directory that already holds a ``config.yaml`` or an ``hf_model`` export belongs to
     an earlier run; writing into it would overwrite that run's config and export. ``--overwrite_run true``
-    allows it on purpose.
+    allows it on purpose. Without a logger nothing is written (there is no run directory).
     """
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.logger is None:
+            # No run directory: Lightning would write config.yaml into the working directory, over any file
+            # of that name there.
+            self.already_saved = True
+            return
         if not self.already_saved and self.save_to_log_dir and not self.overwrite:
             log_dir = trainer.log_dir
             taken = []

@@ -260,10 +260,12 @@ def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_pat
         args = ["--trainer.max_steps=4", f"--ckpt_path={last}", "--model.lr=1e-3", "--model.max_new_tokens=4"]
         cli = _tiny_fit(tmp_path, *args, "--resume_with_changes=true")
     assert cli.model.hparams.lr == 1e-3 and cli.model.hparams.max_new_tokens == 4
+    (tmp_path / "config.yaml").write_text("mine: 1\n")  # a user's file in the working directory
     validate = ["validate", "--config", str(GRPO_TINY), "--trainer.logger=false", f"--ckpt_path={last}"]
     with pytest.warns(UserWarning, match=r"model.val_num_samples: 8 -> 4\. The checkpoint's weights are evaluated"):
         cli = cli_main([*validate, *SHORT_FIT[1:], "--model.val_num_samples=4"])
     assert "val/avg@4" in cli.trainer.callback_metrics
+    assert (tmp_path / "config.yaml").read_text() == "mine: 1\n"  # without a logger nothing is written here
 
 
 def test_a_bad_model_path_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""Exact resume and safe checkpoints: atomic file writes, RNG states, a checkpoint on Ctrl-C, HF export.
+"""Exact resume and safe checkpoints: atomic file writes, RNG states, a checkpoint on Ctrl-C / SIGTERM / requeue.
 
 Lightning restores the model, optimizer, LR scheduler, loop progress, callback states and (for a stateful
 loader, :class:`~lit_entropy.data.sampler.ResumableDataLoader`) the data position. It does not save the
@@ -9,18 +9,24 @@ callback itself (``RFTModule.configure_callbacks``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
 import random
+import secrets
 import shutil
 import signal
-import tempfile
+import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -30,11 +36,17 @@ __all__ = [
     "AtomicCheckpointIO",
     "ResumableCheckpointing",
     "atomic_directory_replace",
+    "disk_full_message",
     "get_rng_state",
+    "remove_stale_temporaries",
     "set_rng_state",
+    "temporary_name",
 ]
 
 _RNG_KEY = "lit_entropy_rng_states"
+# Pending stop requests, ordered: the larger one wins when ranks disagree.
+_STOP_INTERRUPT = 1  # SIGTERM, or Ctrl-C with several processes: <log_dir>/checkpoints/interrupted.ckpt
+_STOP_REQUEUE = 2  # SLURM requeue signal: Lightning's hpc_ckpt_N.ckpt, then scontrol requeue
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -42,8 +54,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     The checkpoint goes to a temporary file in the target directory, is flushed and fsync'ed, then
     ``os.replace``'d over the target (atomic on POSIX within one file system), and the directory entry is
-    fsync'ed. A crash mid-write leaves the previous checkpoint intact and at worst a stray ``.tmp`` file.
-    Remote paths (fsspec URLs) use Lightning's transactional write.
+    fsync'ed. A crash mid-write leaves the previous checkpoint intact; a ``kill -9`` mid-write leaves a
+    hidden ``.lit_entropy_tmp.*`` file whose name matches no checkpoint pattern (Lightning's ``last`` and
+    ``hpc_ckpt_N`` lookups do not see it) and which the next write into that directory removes. Files get
+    the usual permissions (``0o666`` minus the umask), not ``mkstemp``'s 0600. A full disk raises an
+    ``OSError`` saying "no space left on device" with the path. Remote paths (fsspec URLs) use Lightning's
+    transactional write.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -53,18 +69,114 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path)
             return
         target = Path(str(path).removeprefix("file://"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+        with disk_full_message(target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(target.parent)
+            tmp = target.parent / temporary_name()
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+                with os.fdopen(fd, "wb") as handle:
+                    torch.save(checkpoint, handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            _fsync_directory(target.parent)
+
+
+# Temporary files and directories: hidden, and named so that no checkpoint lookup matches them (Lightning
+# finds "last" checkpoints by substring and HPC checkpoints by "hpc_ckpt_" plus every digit of the name).
+_TMP_PREFIX = ".lit_entropy_tmp."
+
+
+def temporary_name() -> str:
+    """A unique hidden name for a temporary file or directory: ``.lit_entropy_tmp.<host>.<pid>.<random>``.
+
+    Host (hashed to hex) and pid let :func:`remove_stale_temporaries` tell an abandoned temporary (its
+    process is gone) from one being written right now.
+    """
+    return f"{_TMP_PREFIX}{_host_tag()}.{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete temporaries in ``directory`` left by a killed writer of this host (its pid no longer runs).
+
+    Returns the removed paths. Temporaries of other hosts (shared file systems) or live processes are kept.
+    """
+    removed = []
+    host = _host_tag()
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        parts = entry.name[len(_TMP_PREFIX) :].split(".") if entry.name.startswith(_TMP_PREFIX) else []
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def disk_full_message(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise ``ENOSPC`` / ``EDQUOT`` as an ``OSError`` that says so and names ``path``."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        _fsync_directory(target.parent)
+        raise OSError(
+            err.errno,
+            f"no space left on device while writing {path} ({os.strerror(err.errno)}); free space on that file "
+            "system or point the output elsewhere. The previous file, if any, is intact",
+        ) from err
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (``os.umask`` must set to read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normalise_permissions(directory: Path) -> None:
+    """Give every file under ``directory`` ``0o666`` minus the umask and every directory ``0o777`` minus it.
+
+    Some writers (``safetensors`` via ``mkstemp``) create 0600 files; an export is meant to be shared.
+    """
+    mask = _umask()
+    for path in [directory, *directory.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _fsync_directory(path: Path) -> None:
@@ -85,26 +197,40 @@ def atomic_directory_replace(build: Any, target: str | os.PathLike) -> Path:
     """Write a directory atomically: ``build(tmp_dir)`` fills a sibling temp dir that then replaces ``target``.
 
     Readers see either the old directory or the complete new one (the old one is moved aside, the new one
-    renamed in, the old one deleted).
+    renamed in, the old one deleted). Its files and directories get the usual permissions (``0o666`` /
+    ``0o777`` minus the umask), whatever the writer used.
+    Callers decide whether ``target`` may be replaced (see :func:`lit_entropy.export.export_hf_model`).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        build(tmp)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        _fsync_directory(target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_message(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target.parent)
+        tmp = target.parent / temporary_name()
+        tmp.mkdir()
+        try:
+            build(tmp)
+            normalise_permissions(tmp)
+            swap_directory_in(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target
+
+
+def swap_directory_in(tmp: Path, target: Path) -> None:
+    """Replace ``target`` by the complete directory ``tmp`` (same file system): readers see the old or the new one.
+
+    The old directory is moved aside, the new one renamed in, the old one deleted.
+    """
+    old = None
+    if target.exists():
+        # Not a temporary: were the process killed between the two renames, this is the only copy.
+        old = target.parent / f".lit_entropy_old.{target.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        os.replace(target, old)
+    os.replace(tmp, target)
+    _fsync_directory(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -148,10 +274,15 @@ class ResumableCheckpointing(Callback):
     * validation inside ``fit`` leaves the training RNG stream unchanged (state taken at the end of the
       training batch, restored after validation), so a checkpoint written before or after a validation
       pass, and a resumed run that repeats or skips one, continue the same training stream.
-    * Ctrl-C with several processes: a SIGINT handler (main thread) only records the request; at the end of
-      the current training batch the ranks agree on it (one all-reduce per batch), all of them write
-      ``<log_dir>/checkpoints/interrupted.ckpt`` together (saving is collective under FSDP2) and the run
-      stops cleanly. A second Ctrl-C interrupts at once, as usual.
+    * SIGTERM (what SLURM, Kubernetes and ``timeout`` send), and Ctrl-C with several processes: a handler
+      (main thread) only records the request; at the end of the current training batch the ranks agree on
+      it (one all-reduce per batch), all of them write ``<log_dir>/checkpoints/interrupted.ckpt`` together
+      (saving is collective under FSDP2) and the run stops cleanly; resuming from it continues exactly. A
+      second Ctrl-C interrupts at once, as usual.
+    * SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default under SLURM): the requeue
+      signal (SIGUSR1; ``sbatch --signal=USR1@<seconds>``) is handled the same way, but the checkpoint is
+      Lightning's ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` and rank 0 then runs ``scontrol requeue``; the
+      requeued job resumes from it without ``--ckpt_path`` (Lightning picks the newest ``hpc_ckpt``).
     * ``on_exception`` with ``KeyboardInterrupt`` (single process): writes ``<log_dir>/checkpoints/interrupted.ckpt``.
       When the interrupt lands inside a training batch the checkpoint describes the state at the start of
       that batch (RNG state and data position rewound), so the resumed run redoes the batch. Optimizer
@@ -159,7 +290,7 @@ class ResumableCheckpointing(Callback):
       (the GRPO default) an interrupt before the step resumes exactly.
 
     Args:
-        interrupt_checkpoint: write the Ctrl-C checkpoint.
+        interrupt_checkpoint: write the Ctrl-C / SIGTERM / requeue checkpoints (and install the handlers).
         atomic_io: install :class:`AtomicCheckpointIO`.
     """
 
@@ -171,8 +302,8 @@ class ResumableCheckpointing(Callback):
         self._step_start_state: dict[str, Any] | None = None
         self._val_state: dict[str, Any] | None = None
         self._saving_mid_step = False
-        self._stop_requested = False
-        self._previous_sigint: Any = None
+        self._stop_code = 0
+        self._previous_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -213,26 +344,79 @@ class ResumableCheckpointing(Callback):
             self._pending = None
         # A resumed run may validate before its first batch (Lightning repeats an interrupted check).
         self._val_state = get_rng_state()
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if self.interrupt_checkpoint and trainer.world_size > 1 and in_main_thread:
-            self._stop_requested = False
-            self._previous_sigint = signal.signal(signal.SIGINT, self._request_stop)
+        self._install_signal_handlers(trainer)
 
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True
-        # The next Ctrl-C goes to the previous handler (normally: KeyboardInterrupt at once).
-        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
+    # ---------------------------------------------------- signals (Ctrl-C, SIGTERM, SLURM requeue)
+    def _install_signal_handlers(self, trainer: Trainer) -> None:
+        """Handlers that only record a request; the ranks act on it together at the end of the batch.
 
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-        self._previous_sigint = None
+        SIGTERM (preemption, ``timeout``, Kubernetes) always; SIGINT with several processes (a single
+        process takes Lightning's KeyboardInterrupt path, see ``on_exception``); the SLURM requeue signal
+        (SIGUSR1 by default) when Lightning's ``SLURMEnvironment(auto_requeue=True)`` is active. These
+        replace Lightning's own SIGTERM / SIGUSR1 handlers for the duration of training: Lightning's save
+        a checkpoint from inside the signal handler, in the middle of a step (collectives under FSDP2
+        could hang) and not resumable exactly.
+        """
+        self._stop_code = 0
+        if not self.interrupt_checkpoint or threading.current_thread() is not threading.main_thread():
+            return
+        wanted = {signal.SIGTERM: _STOP_INTERRUPT}
+        if trainer.world_size > 1:
+            wanted[signal.SIGINT] = _STOP_INTERRUPT
+        environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and hasattr(signal, "SIGUSR1"):
+            wanted[environment.requeue_signal or signal.SIGUSR1] = _STOP_REQUEUE
+        for signum, code in wanted.items():
+            self._previous_handlers[signum] = signal.signal(signum, self._make_handler(code))
+
+    def _make_handler(self, code: int) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_code = max(self._stop_code, code)
+            if signum == signal.SIGINT:  # the next Ctrl-C goes to the previous handler (KeyboardInterrupt at once)
+                signal.signal(signal.SIGINT, self._previous_handlers.get(signum) or signal.default_int_handler)
+
+        return handler
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._restore_sigint()
+        self._restore_signal_handlers()
+        _refresh_last_checkpoints(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_signal_handlers()
+
+    def _act_on_stop_request(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the end of a training batch: agree on a pending request, save together, stop (or requeue)."""
+        if not self._previous_handlers:
+            return
+        # Every rank joins, so all of them see a signal that reached any of them.
+        code = torch.tensor([float(self._stop_code)], device=pl_module.device)
+        if _world()[1] > 1:
+            dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        code_value = int(code.item())
+        if code_value == 0:
+            return
+        if code_value == _STOP_REQUEUE:
+            # Lightning resumes a requeued SLURM job from the newest hpc_ckpt_N.ckpt of default_root_dir.
+            connector = trainer._checkpoint_connector
+            path = Path(connector.hpc_save_path(trainer.default_root_dir))
+        else:
+            path = _interrupt_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        trainer.should_stop = True
+        self.interrupted_path = path
+        self._stop_code = 0
+        if code_value == _STOP_REQUEUE:
+            if trainer.is_global_zero:
+                _slurm_requeue()
+            rank_zero_info(f"lit_entropy: requeue signal; checkpoint written to {path}, SLURM job requeued")
+        else:
+            rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path {path})")
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._step_start_state = get_rng_state()
@@ -244,17 +428,7 @@ class ResumableCheckpointing(Callback):
         # Snapshot before a validation pass can start: Lightning creates the validation iterator (a draw
         # from the global RNG) before any validation hook runs.
         self._val_state = get_rng_state()
-        if self._previous_sigint is not None:
-            # Every rank joins, so all of them see a Ctrl-C that reached any of them.
-            requested = torch.tensor([float(self._stop_requested)], device=pl_module.device)
-            if _world()[1] > 1:
-                dist.all_reduce(requested, op=dist.ReduceOp.MAX)
-            if requested.item() > 0:
-                path = _interrupt_checkpoint_path(trainer)
-                trainer.save_checkpoint(path)
-                trainer.should_stop = True
-                self.interrupted_path = path
-                rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path)")
+        self._act_on_stop_request(trainer, pl_module)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._val_state = get_rng_state()
@@ -285,6 +459,45 @@ class ResumableCheckpointing(Callback):
             self._saving_mid_step = False
         self.interrupted_path = path
         rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _refresh_last_checkpoints(trainer: Trainer) -> None:
+    """Rewrite each ModelCheckpoint's ``last.ckpt`` (``save_last``) when the run ended after its latest save.
+
+    Lightning saves ``last`` with its other checkpoints (after validation or at an epoch end), so a
+    ``max_steps`` run that stops between two of them would otherwise keep an older ``last.ckpt`` than the
+    final weights (which ``fit`` exports). Collective: every rank runs it.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.dirpath is None:
+            continue
+        if getattr(callback, "_last_global_step_saved", None) == trainer.global_step or trainer.global_step == 0:
+            continue
+        path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+        trainer.save_checkpoint(path, weights_only=callback.save_weights_only)
+        callback.last_model_path = path
+        callback._last_global_step_saved = trainer.global_step
+
+
+def _slurm_requeue() -> None:
+    """``scontrol requeue <job>`` as Lightning's SLURM handler does (array jobs as ``<job>_<task>``)."""
+    import re
+    import subprocess
+
+    array_job = os.getenv("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9_]+", job):
+        rank_zero_warn(f"lit_entropy: cannot requeue: SLURM job id {job!r} is not set or malformed")
+        return
+    try:
+        result = subprocess.call(["scontrol", "requeue", job])
+    except FileNotFoundError:
+        rank_zero_warn("lit_entropy: cannot requeue: scontrol is not on PATH")
+        return
+    if result != 0:
+        rank_zero_warn(f"lit_entropy: scontrol requeue {job} failed with exit code {result}")
 
 
 def _interrupt_checkpoint_path(trainer: Trainer) -> Path:

@@ -9,8 +9,6 @@ unit and frozen and trainable parameters never share one. The PPO value head is 
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -64,20 +62,18 @@ class FSDP2Strategy(ModelParallelStrategy):
         temp directory, which rank 0 then swaps in, so a crash mid-write leaves the previous checkpoint whole."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from lit_entropy.checkpointing import remove_stale_temporaries, swap_directory_in, temporary_name
+
         path = Path(self.broadcast(filepath))
-        tmp = path.with_name(f".{path.name}.tmp")  # the same name on every rank
+        tmp = path.parent / self.broadcast(temporary_name())  # the same name on every rank
         if self.global_rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(path.parent)
         self.barrier("lit_entropy_checkpoint_tmp")
         super().save_checkpoint(checkpoint, tmp, storage_options)
         self.barrier("lit_entropy_checkpoint_written")
         if self.global_rank == 0:
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            if path.exists():
-                os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_directory_in(tmp, path)
         self.barrier("lit_entropy_checkpoint_swapped")
 
 

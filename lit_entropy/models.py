@@ -21,6 +21,9 @@ def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
     """
     from transformers import AutoModelForCausalLM
 
+    from lit_entropy.model_paths import check_model_dir
+
+    check_model_dir(path, setting)
     if dtype == "float16" and not torch.cuda.is_available():
         raise ValueError(
             f"model.policy.dtype='float16' cannot run on this CPU-only machine (half-precision matmuls are not "
@@ -33,7 +36,9 @@ def load_tokenizer(path: str) -> Any:
     """The model's tokenizer, left-padding (generation appends to the right)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    from lit_entropy.model_paths import check_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(check_model_dir(path, require_weights=False))
     tokenizer.padding_side = "left"
     return tokenizer
 

@@ -22,7 +22,7 @@ from lit_entropy.assets import default_model_path
 from lit_entropy.dashboard import TrainStepMetrics, log_samples, step_scalars
 from lit_entropy.data.source import PromptSource
 from lit_entropy.evaluation import SampleEvaluator
-from lit_entropy.rewards import resolve_reward_fn
+from lit_entropy.rewards import check_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
     AdvantageConfig,
@@ -208,7 +208,8 @@ class RFTModule(LightningModule):
         responses = rollout.responses.masked_fill(~rollout.response_mask, self.tokenizer.pad_token_id or 0)
         completions = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         answers = [a for a in batch["answers"] for _ in range(num_samples)]
-        rewards = torch.tensor(self.reward_fn(completions, answers), dtype=torch.float32, device=self.device)
+        name = self.settings.reward.fn if isinstance(self.settings.reward.fn, str) else repr(self.reward_fn)
+        rewards = check_rewards(name, self.reward_fn(completions, answers), len(completions)).to(self.device)
         return rewards, completions
 
     def make_experience(self, rollout: RolloutBatch, rewards: Tensor) -> Experience:

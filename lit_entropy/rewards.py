@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+from torch import Tensor
+
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
+    "check_rewards",
     "exact_match_reward",
     "final_answer",
     "last_boxed_content",
@@ -48,6 +54,64 @@ def _check_lengths(completions: Sequence[str], answers: Sequence[str]) -> None:
             f"completions and answers must have equal lengths, got len(completions)={len(completions)} "
             f"and len(answers)={len(answers)}"
         )
+
+
+def check_rewards(fn_name: str, values: Any, expected_len: int) -> Tensor:
+    """Check one reward call's output and return it as a float32 ``[expected_len]`` tensor.
+
+    A reward function must return one finite real number per completion (a list, tuple, numpy array or
+    1-d tensor). Anything else is an error naming the function, the index of the first offending item
+    and its value: a wrong length, a string, ``None``, a bool-free non-number, NaN or +-inf. There is no
+    silent fallback: an inf is never read as "correct" and a NaN never becomes 0.
+
+    Args:
+        fn_name: The reward function's name for messages (e.g. the ``model.reward.fn`` setting).
+        values: What the function returned.
+        expected_len: Number of completions it was given.
+
+    Raises:
+        ValueError: Naming ``fn_name`` and the first offending item.
+    """
+    where = f"reward function {fn_name!r}"
+    if isinstance(values, Tensor):
+        if values.dim() != 1:
+            raise ValueError(
+                f"{where} must return one number per completion ({expected_len}), got a tensor of shape "
+                f"{tuple(values.shape)}"
+            )
+        values = values.detach().cpu().tolist()
+    elif hasattr(values, "tolist") and not isinstance(values, (str, bytes)):  # numpy arrays
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(
+            f"{where} must return a list of {expected_len} floats (one per completion), got "
+            f"{type(values).__name__}: {_short_repr(values)}"
+        )
+    if len(values) != expected_len:
+        raise ValueError(
+            f"{where} returned {len(values)} rewards for {expected_len} completions; it must return exactly one "
+            f"number per completion"
+        )
+    out = []
+    for index, value in enumerate(values):
+        if not isinstance(value, numbers.Real):  # bools are numbers (True = 1.0)
+            raise ValueError(
+                f"{where}: item {index} is {_short_repr(value)} ({type(value).__name__}), not a number; "
+                f"a reward must be a finite float"
+            )
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(
+                f"{where}: item {index} is {number}; rewards must be finite (NaN and inf are refused, "
+                f"never counted as correct or as 0)"
+            )
+        out.append(number)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def exact_match_reward(completions: list[str], answers: list[str]) -> list[float]:
@@ -90,7 +154,13 @@ def last_boxed_content(text: str) -> str | None:
 @lru_cache(maxsize=1)
 def _math_verify_api() -> tuple[Callable[..., Any], Callable[..., Any], str | None, str | None, type[BaseException]]:
     """``parse``, ``verify``, the names of their timeout arguments and the timeout exception of math_verify."""
-    from math_verify import parse, verify
+    try:
+        from math_verify import parse, verify
+    except ImportError as err:
+        raise ImportError(
+            "reward_fn='math_verify' needs the math-verify package, which is not installed: "
+            "pip install 'math-verify>=0.7' (a dependency of lit-entropy: pip install -e . installs it)"
+        ) from err
 
     try:  # a BaseException subclass, so ``except Exception`` would let it through
         from math_verify.errors import TimeoutException

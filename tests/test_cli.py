@@ -196,3 +196,135 @@ def test_multinode_recipe_parses(tmp_path, monkeypatch):
     assert config["data"]["batch_size"] * 2 * 8 == 64
     assert config["model"]["sampling"]["num_samples"] == 16
     assert config["model"]["policy"]["gradient_checkpointing"] is True
+
+
+# ---------------------------------------------------------------------------- issue 11: the CLI surface
+SHORT_FIT = [
+    "--trainer.enable_progress_bar=false",
+    "--data.num_train_examples=64",
+    "--data.num_val_examples=16",
+    "--data.val_batch_size=16",
+]
+
+
+def test_version_and_help_list_every_command(capsys):
+    from lit_entropy import __version__
+    from lit_entropy.cli import main
+
+    main(["--version"])
+    assert capsys.readouterr().out.strip() == f"lit-entropy {__version__}"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "lit-entropy export --ckpt_path" in out and "{fit,validate,test}" in out and "predict" not in out
+
+
+def test_fit_without_a_config_has_a_sane_budget(tmp_path, monkeypatch):
+    from lit_entropy.cli import DEFAULT_MAX_EPOCHS
+
+    monkeypatch.chdir(tmp_path)
+    assert cli_main([], run=False).trainer.max_epochs == DEFAULT_MAX_EPOCHS == 3  # not Lightning's 1000
+    steps = cli_main(["--trainer.max_steps=5"], run=False).trainer
+    assert steps.max_steps == 5 and steps.max_epochs in (None, -1)  # a budget given is left alone
+
+
+def test_callbacks_by_short_class_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", str(GRPO_TINY), "--trainer.callbacks+=EntropyDiscriminatorClipping"]
+    cli = cli_main([*args, "--trainer.callbacks.method=clip_v", "--trainer.callbacks.mu=3"], run=False)
+    clip = [cb for cb in cli.trainer.callbacks if isinstance(cb, EntropyDiscriminatorClipping)]
+    assert [(cb.method, cb.mu) for cb in clip] == [("clip_v", 3.0)]
+
+
+def test_a_callback_argument_error_is_one_line(tmp_path, monkeypatch, capsys):
+    from lit_entropy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(GRPO_TINY), "--trainer.callbacks+=EntropyDiscriminatorClipping"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--trainer.callbacks.mu=0"])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
+    assert err == ["lit-entropy: error: mu must be > 0, got mu=0.0 (EntropyDiscriminatorClipping)"]
+
+
+def _tiny_fit(tmp_path, *extra, version=None):
+    args = ["fit", "--config", str(GRPO_TINY), *SHORT_FIT, "--trainer.max_steps=2", "--trainer.val_check_interval=2"]
+    if version is not None:
+        args.append(f"--trainer.logger.init_args.version={version}")
+    return cli_main([*args, *extra])
+
+
+def test_reusing_a_log_version_is_refused_without_touching_the_previous_run(tmp_path, monkeypatch):
+    from lit_entropy.cli import SettingsError
+
+    monkeypatch.chdir(tmp_path)
+    _tiny_fit(tmp_path, version="v0")
+    run = tmp_path / "runs" / "grpo_tiny" / "v0"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "events" not in p.name}
+    assert run / "config.yaml" in before and (run / "hf_model").is_dir()
+    message = r"runs/grpo_tiny/v0 already holds a previous run \(config.yaml, hf_model\).*--overwrite_run true"
+    with pytest.raises(SettingsError, match=message):
+        _tiny_fit(tmp_path, "--model.optim.lr=0.1", version="v0")
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "events" not in p.name}
+    assert after == before
+    _tiny_fit(tmp_path, "--model.optim.lr=0.1", "--overwrite_run=true", version="v0")  # on purpose
+    assert "lr: 0.1" in (run / "config.yaml").read_text()
+
+
+def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_path, monkeypatch):
+    """README rule: fit --ckpt_path refuses explicit settings that differ from the checkpoint's (unless
+    --resume_with_changes true); validate honours them with a warning; unset settings come from the checkpoint."""
+    import torch
+
+    from lit_entropy.cli import SettingsError
+
+    monkeypatch.chdir(tmp_path)
+    _tiny_fit(tmp_path, "--model.optim.weight_decay=0.01")  # a setting grpo_tiny.yaml does not give
+    last = tmp_path / "runs" / "grpo_tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True, mmap=True)["global_step"] == 2  # the final step, not the last val
+    more = ["--trainer.max_steps=3", f"--ckpt_path={last}"]
+    message = (
+        r"was trained with different settings: model.optim.lr: 0.0003 -> 0.001; model.sampling.max_new_tokens: 6 -> 4\."
+    )
+    with pytest.raises(SettingsError, match=message):
+        _tiny_fit(tmp_path, *more, "--model.optim.lr=1e-3", "--model.sampling.max_new_tokens=4")
+    with pytest.raises(SettingsError, match=r"data.batch_size: 16 -> 8"):
+        _tiny_fit(tmp_path, *more, "--data.batch_size=8")
+    # unchanged settings resume; weight_decay, not given here, comes from the checkpoint (not the default 0);
+    # an export location cannot alter the trajectory and may change
+    cli = _tiny_fit(tmp_path, *more, "--model.logging.export_dir=elsewhere")
+    assert cli.trainer.global_step == 3 and cli.model.settings.optim.weight_decay == 0.01
+    with pytest.warns(UserWarning, match=r"model.optim.lr: 0.0003 -> 0.001; model.sampling.max_new_tokens: 6 -> 4\."):
+        args = [
+            "--trainer.max_steps=4",
+            f"--ckpt_path={last}",
+            "--model.optim.lr=1e-3",
+            "--model.sampling.max_new_tokens=4",
+        ]
+        cli = _tiny_fit(tmp_path, *args, "--resume_with_changes=true")
+    assert cli.model.settings.optim.lr == 1e-3 and cli.model.settings.sampling.max_new_tokens == 4
+    (tmp_path / "config.yaml").write_text("mine: 1\n")  # a user's file in the working directory
+    validate = ["validate", "--config", str(GRPO_TINY), "--trainer.logger=false", f"--ckpt_path={last}"]
+    with pytest.warns(
+        UserWarning, match=r"model.evaluation.num_samples: 8 -> 4\. The checkpoint's weights are evaluated"
+    ):
+        cli = cli_main([*validate, *SHORT_FIT[1:], "--model.evaluation.num_samples=4"])
+    assert "val/avg@4" in cli.trainer.callback_metrics
+    assert (tmp_path / "config.yaml").read_text() == "mine: 1\n"  # without a logger nothing is written here
+
+
+def test_a_bad_model_path_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+    from lit_entropy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "last.ckpt").write_bytes(b"not a model")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--config", str(GRPO_TINY), "--model.policy.model_name_or_path=last.ckpt"])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
+    assert len(err) == 1
+    assert err[0].startswith(
+        "lit-entropy: error: model.policy.model_name_or_path='last.ckpt' is a Lightning checkpoint"
+    )

@@ -462,14 +462,13 @@ def test_init_errors(kwargs: dict[str, Any], match: str) -> None:
 
 def test_missing_file_and_unknown_extension(tmp_path: Path, aime_json: str) -> None:
     missing = str(tmp_path / "nope.jsonl")
-    dm = make_dm(tmp_path, make_tokenizer(), train_dataset=missing, val_dataset=None)
-    with pytest.raises(ValueError, match=rf"train_dataset='{missing}' does not exist"):
-        dm.setup("fit")
-    dm = make_dm(
-        tmp_path, make_tokenizer(), train_dataset=aime_json, prompt_key="problem", val_dataset=missing, batch_size=1
-    )
+    # reported at construction: before any tokenizer, model or validation pass
+    with pytest.raises(ValueError, match=rf"train_dataset='{missing}' does not exist \(resolved to "):
+        make_dm(tmp_path, make_tokenizer(), train_dataset=missing, val_dataset=None)
     with pytest.raises(ValueError, match=rf"val_dataset='{missing}' does not exist"):
-        dm.setup("fit")
+        make_dm(
+            tmp_path, make_tokenizer(), train_dataset=aime_json, prompt_key="problem", val_dataset=missing, batch_size=1
+        )
     text_file = tmp_path / "data.txt"
     text_file.write_text("hello\n")
     dm = make_dm(tmp_path, make_tokenizer(), train_dataset=str(text_file), val_dataset=None)

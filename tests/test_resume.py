@@ -310,4 +310,86 @@ def test_sharded_checkpoint_writes_are_atomic(tiny_model_dir, tmp_path, monkeypa
     assert after == before
     monkeypatch.undo()
     trainer.save_checkpoint(path)  # a later save replaces it and cleans the leftover temp directory
-    assert path.is_dir() and not (tmp_path / ".sharded.ckpt.tmp").exists()
+    assert path.is_dir() and not [p for p in tmp_path.iterdir() if p.name.startswith(".lit_entropy")]
+
+
+# ---------------------------------------------------------------------------- preemption (issue 11)
+class SignalAt(HFRolloutEngine):
+    """HF sampling that sends ``signum`` to this process (as a scheduler would) in the ``at``-th training rollout."""
+
+    def __init__(self, signum: int, at: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.signum = signum
+        self.at = at
+        self.calls = 0
+
+    def generate(self, policy, input_ids, attention_mask, sampling):
+        self.calls += policy.training
+        if policy.training and self.calls == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().generate(policy, input_ids, attention_mask, sampling)
+
+
+def _signal_engine(model_dir: str, signum: int) -> SignalAt:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return SignalAt(signum, STOP_AFTER, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def test_sigterm_writes_a_checkpoint_that_resumes_exactly(tiny_model_dir, tmp_path, uninterrupted):
+    """SIGTERM mid-batch: the batch finishes, interrupted.ckpt is written, the run stops; resuming equals the
+    uninterrupted run (metrics and bit-identical weights)."""
+    weights, reference, _ = uninterrupted
+    previous = signal.getsignal(signal.SIGTERM)
+    engine = _signal_engine(tiny_model_dir, signal.SIGTERM)
+    _, trainer, first = _fit(tiny_model_dir, tmp_path / "run", module=_module(tiny_model_dir, rollout_engine=engine))
+    assert signal.getsignal(signal.SIGTERM) == previous  # handlers restored after training
+    assert sorted(first.rows) == list(range(1, STOP_AFTER + 1)), "stopped at the end of the signalled batch"
+    path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
+    assert path.is_file() and trainer.global_step == STOP_AFTER * UPDATES_PER_BATCH
+    module, trainer, resumed = _fit(tiny_model_dir, tmp_path / "resume", ckpt_path=path)
+    assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
+    _assert_same_tail(resumed.rows, reference)
+    torch.testing.assert_close(_weights(module), weights, rtol=0, atol=0)
+
+
+def test_slurm_requeue_signal_saves_an_hpc_checkpoint_requeues_and_the_requeued_job_resumes(
+    tiny_model_dir, tmp_path, uninterrupted, monkeypatch
+):
+    """Under Lightning's SLURMEnvironment(auto_requeue=True): SIGUSR1 -> hpc_ckpt_1.ckpt + `scontrol requeue <job>`;
+    the requeued job (same command, no --ckpt_path) resumes from it exactly."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    weights, reference, _ = uninterrupted
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol_calls.txt"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for key, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NAME": "grpo",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert SLURMEnvironment.detect()
+    root = tmp_path / "job"
+    engine = _signal_engine(tiny_model_dir, signal.SIGUSR1)
+    previous = signal.getsignal(signal.SIGUSR1)
+    _, trainer, first = _fit(tiny_model_dir, root, module=_module(tiny_model_dir, rollout_engine=engine))
+    assert isinstance(trainer._accelerator_connector.cluster_environment, SLURMEnvironment)
+    assert signal.getsignal(signal.SIGUSR1) == previous
+    assert sorted(first.rows) == list(range(1, STOP_AFTER + 1))
+    assert (root / "hpc_ckpt_1.ckpt").is_file()
+    assert calls.read_text().split() == ["requeue", "4242"]
+    module, trainer, resumed = _fit(tiny_model_dir, root)  # the requeued job: no ckpt_path
+    assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
+    _assert_same_tail(resumed.rows, reference)
+    torch.testing.assert_close(_weights(module), weights, rtol=0, atol=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -9,7 +10,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_entropy.collectives import all_reduce_sum, global_top_k_cut
-from lit_entropy.functional.clipping import cap_count, clip_b_mask, clip_v_deviation, clip_v_mask, clip_v_scores
+from lit_entropy.functional.clipping import (
+    cap_count,
+    clip_b_mask,
+    clip_v_deviation,
+    clip_v_mask,
+    clip_v_scores,
+    finite_mask,
+)
 from lit_entropy.functional.masked import masked_moments
 from lit_entropy.functional.selection import TopKCut
 from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
@@ -17,6 +25,7 @@ from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
 __all__ = ["EntropyDiscriminatorClipping"]
 
 _DEFAULT_MU = {"clip_b": 2.5, "clip_v": 8.5}
+_DEFAULT_MAX_FRAC = 1e-4
 
 
 class EntropyDiscriminatorClipping(Callback):
@@ -29,13 +38,16 @@ class EntropyDiscriminatorClipping(Callback):
     exactly the tokens a 1-process run on the same global batch masks.
 
     Logged per rollout batch (under ``log_prefix``): ``_frac`` (masked share of valid tokens),
-    ``_frac_pos`` / ``_frac_neg`` (of tokens with A > 0 / A < 0), ``/s_mean`` (batch mean of S)
-    and, when policy averages are present, ``/centred_s_mean`` (batch mean of S - E_p[S]).
+    ``_frac_pos`` / ``_frac_neg`` (of tokens with A > 0 / A < 0), ``/s_mean`` (batch mean of S),
+    ``/nonfinite_frac`` (share of valid tokens whose S or E_p[S] is NaN/inf: excluded from the
+    statistics and never masked, see :mod:`lit_entropy.functional.clipping`) and, when policy
+    averages are present, ``/centred_s_mean`` (batch mean of S - E_p[S]).
 
     Args:
         method: ``"clip_b"`` (batch-normalised S) or ``"clip_v"`` (policy-centred, capped).
         mu: threshold in standard deviations; None takes 2.5 for clip_b and 8.5 for clip_v.
-        max_frac: Clip_V cap on the masked share of valid tokens, in (0, 1]; None for no cap.
+        max_frac: Clip_V cap on the masked share of valid tokens, in (0, 1]; None for no cap. Clip_B has
+            no cap: a value other than the default there is ignored with a warning.
         symmetric: also mask A > 0 tokens beyond +mu std (the reference code is one-sided).
         log_prefix: prefix of the logged metric names.
     """
@@ -44,7 +56,7 @@ class EntropyDiscriminatorClipping(Callback):
         self,
         method: Literal["clip_b", "clip_v"] = "clip_b",
         mu: float | None = None,
-        max_frac: float | None = 1e-4,
+        max_frac: float | None = _DEFAULT_MAX_FRAC,
         symmetric: bool = False,
         log_prefix: str = "train/entropy_clip",
     ) -> None:
@@ -55,6 +67,13 @@ class EntropyDiscriminatorClipping(Callback):
             raise ValueError(f"mu must be > 0, got mu={mu}")
         if max_frac is not None and not 0 < max_frac <= 1:
             raise ValueError(f"max_frac must be in (0, 1] or None, got max_frac={max_frac}")
+        if method == "clip_b" and max_frac not in (None, _DEFAULT_MAX_FRAC):
+            warnings.warn(
+                f"EntropyDiscriminatorClipping(method='clip_b', max_frac={max_frac}): max_frac is ignored, only "
+                "Clip_V caps the masked share; remove max_frac or use method='clip_v'",
+                UserWarning,
+                stacklevel=2,
+            )
         self.method = method
         self.mu = mu
         self.max_frac = max_frac
@@ -81,13 +100,13 @@ class EntropyDiscriminatorClipping(Callback):
         """Keep mask for this rank's tokens from global statistics. Must be called on every rank."""
         mask, advantages = context.mask, context.advantages
         if self.method == "clip_b":
-            moments = all_reduce_sum(masked_moments(context.discriminator, mask))
+            moments = all_reduce_sum(masked_moments(context.discriminator, finite_mask(context.discriminator, mask)))
             keep = clip_b_mask(
                 context.discriminator, advantages, mask, mu=self.mu, symmetric=self.symmetric, moments=moments
             )
         else:
             deviation = clip_v_deviation(context.discriminator, context.policy_average)
-            moments = all_reduce_sum(masked_moments(deviation, mask))
+            moments = all_reduce_sum(masked_moments(deviation, finite_mask(deviation, mask)))
             cap_cut = self._global_cap_cut(context, moments)
             keep = clip_v_mask(
                 context.discriminator,
@@ -122,6 +141,9 @@ class EntropyDiscriminatorClipping(Callback):
         mask, advantages = context.mask, context.advantages
         masked = mask & ~keep
         pos, neg = mask & (advantages > 0), mask & (advantages < 0)
+        finite = finite_mask(context.discriminator, mask)
+        if context.policy_average is not None:
+            finite &= torch.isfinite(context.policy_average)
         counts = torch.stack(
             [
                 mask.sum(),
@@ -130,14 +152,15 @@ class EntropyDiscriminatorClipping(Callback):
                 (masked & pos).sum(),
                 neg.sum(),
                 (masked & neg).sum(),
+                finite.sum(),
             ]
         ).to(torch.float64)
-        s_moments = masked_moments(context.discriminator, mask)
+        s_moments = masked_moments(context.discriminator, finite)
         totals = [counts, s_moments[1:2]]
         if context.policy_average is not None:
-            totals.append(masked_moments(context.discriminator - context.policy_average, mask)[1:2])
+            totals.append(masked_moments(context.discriminator - context.policy_average, finite)[1:2])
         reduced = all_reduce_sum(torch.cat(totals))
-        n, n_masked, n_pos, n_masked_pos, n_neg, n_masked_neg = reduced[:6].tolist()
+        n, n_masked, n_pos, n_masked_pos, n_neg, n_masked_neg, n_finite = reduced[:7].tolist()
         self.num_batches += 1
         self.num_tokens += int(n)
         self.num_masked += int(n_masked)
@@ -148,10 +171,11 @@ class EntropyDiscriminatorClipping(Callback):
             f"{self.log_prefix}_frac": n_masked / max(n, 1.0),
             f"{self.log_prefix}_frac_pos": n_masked_pos / max(n_pos, 1.0),
             f"{self.log_prefix}_frac_neg": n_masked_neg / max(n_neg, 1.0),
-            f"{self.log_prefix}/s_mean": reduced[6].item() / max(n, 1.0),
+            f"{self.log_prefix}/s_mean": reduced[7].item() / max(n_finite, 1.0),
+            f"{self.log_prefix}/nonfinite_frac": (n - n_finite) / max(n, 1.0),
         }
         if context.policy_average is not None:
-            metrics[f"{self.log_prefix}/centred_s_mean"] = reduced[7].item() / max(n, 1.0)
+            metrics[f"{self.log_prefix}/centred_s_mean"] = reduced[8].item() / max(n_finite, 1.0)
         for name, value in metrics.items():
             log(name, value, on_step=True, on_epoch=False, batch_size=1)
 

@@ -248,6 +248,8 @@ class PromptDataModule(LightningDataModule):
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
         if arithmetic_options is not None and not isinstance(arithmetic_options, Mapping):
             raise ValueError(f"arithmetic_options must be a dict or None, got {arithmetic_options!r}")
+        for name, value in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
+            _check_local_source(name, value)
         self.save_hyperparameters()
 
         self.train_dataset = train_dataset
@@ -303,6 +305,10 @@ class PromptDataModule(LightningDataModule):
             if self.tokenizer_name_or_path is not None:
                 from transformers import AutoTokenizer
 
+                from lit_entropy.model_paths import MODEL_PATH_SETTING, check_model_dir
+
+                setting = f"tokenizer_name_or_path (lit-entropy: {MODEL_PATH_SETTING})"
+                check_model_dir(self.tokenizer_name_or_path, setting, require_weights=False)
                 tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name_or_path, padding_side="left")
                 if tokenizer.pad_token is None and tokenizer.eos_token is not None:
                     # Common for Llama-style tokenizers; padding is masked out, so any id would do.
@@ -313,8 +319,14 @@ class PromptDataModule(LightningDataModule):
 
                 self._tokenizer = build_char_tokenizer()
             else:
+                from lit_entropy.model_paths import MODEL_PATH_SETTING
+
                 raise ValueError(
-                    "PromptDataModule needs a tokenizer: set tokenizer_name_or_path (got None) or call set_tokenizer()"
+                    f"train_dataset={self.train_dataset!r} / val_dataset={self.val_dataset!r} need the tokenizer of "
+                    f"the model being trained: the embedded model's character tokenizer only serves the "
+                    f"{ARITHMETIC_DATASET!r} task. With lit-entropy set {MODEL_PATH_SETTING} to your model (the data "
+                    "tokenizer follows it); with PromptDataModule set tokenizer_name_or_path (got None) or call "
+                    "set_tokenizer()"
                 )
         return self._tokenizer
 
@@ -345,8 +357,9 @@ class PromptDataModule(LightningDataModule):
                 f"apply_chat_template=True but the tokenizer {type(self.tokenizer).__name__} has no chat template "
                 f"(tokenizer_name_or_path={self.tokenizer_name_or_path!r})"
             )
-        if stage in (None, "fit") and self._train_data is None:
-            self._train_data = self._build("train")
+        if stage in (None, "fit"):
+            if self._train_data is None:
+                self._train_data = self._build("train")
             world_size = self.trainer.world_size if self.trainer is not None else 1
             per_rank = math.ceil(len(self._train_data) / world_size)
             if per_rank < self.batch_size:
@@ -354,7 +367,19 @@ class PromptDataModule(LightningDataModule):
                     f"batch_size={self.batch_size} exceeds the {per_rank} training prompts per rank "
                     f"({len(self._train_data)} prompts over {world_size} ranks); with drop_last=True no batch is left"
                 )
-        if stage in (None, "fit", "validate") and self.val_dataset is not None and self._val_data is None:
+        if stage in (None, "fit", "validate", "test") and self.val_dataset is not None and self._val_data is None:
+            self._val_data = self._build("val")
+
+    def preflight(self) -> None:
+        """Load, render and tokenize every configured source now (no model needed).
+
+        ``lit-entropy fit`` calls it before the validation pass that precedes training, so that a bad
+        training file (missing columns, encoding, characters the tokenizer cannot encode) is reported
+        before any model is loaded or any validation runs.
+        """
+        if self._train_data is None:
+            self._train_data = self._build("train")
+        if self.val_dataset is not None and self._val_data is None:
             self._val_data = self._build("val")
 
     def train_dataloader(self) -> DataLoader:
@@ -408,6 +433,10 @@ class PromptDataModule(LightningDataModule):
             collate_fn=PromptCollator(self.pad_token_id),
         )
 
+    def test_dataloader(self) -> DataLoader | list:
+        """``lit-entropy test`` evaluates on the validation prompts (the datamodule has no separate test split)."""
+        return self.val_dataloader()
+
     @property
     def train_data(self) -> PromptDataset | None:
         """Tokenized training prompts (None before ``setup("fit")``)."""
@@ -453,6 +482,7 @@ class PromptDataModule(LightningDataModule):
         # The chat template already holds the model's special tokens (e.g. BOS); don't add them twice.
         encoded = self.tokenizer(prompts, add_special_tokens=not self.apply_chat_template)["input_ids"]
         input_ids = [list(ids) for ids in encoded]
+        self._check_unknown_tokens(prompts, where, spec)
         keep = self._length_check(input_ids, prompts, where)
         if len(keep) < len(input_ids):
             input_ids = [input_ids[i] for i in keep]
@@ -517,6 +547,8 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError(
                     f"{setting}={spec!r} has unsupported extension {path.suffix!r}; expected one of {sorted(_BUILDERS)}"
                 )
+            if builder in ("json", "csv"):
+                _check_utf8(setting, spec, path)
             try:
                 loaded = datasets.load_dataset(builder, data_files=str(path), cache_dir=self.cache_dir)
             except Exception as err:  # malformed files raise builder-specific errors
@@ -571,6 +603,42 @@ class PromptDataModule(LightningDataModule):
             raise ValueError(f"apply_chat_template=True: the chat template returned {type(rendered).__name__}, not str")
         return rendered
 
+    def _check_unknown_tokens(self, prompts: list[str], where: str, spec: str) -> None:
+        """Refuse prompts with characters the tokenizer cannot represent (they would vanish silently).
+
+        A character is unknown when, encoded alone, it gives no token or the unknown token. Byte-level
+        tokenizers (Qwen, Llama, GPT-2) encode every character; the embedded character tokenizer drops
+        anything outside the arithmetic alphabet. Whitespace is not checked (many tokenizers fold it).
+        """
+        distinct = sorted({c for prompt in prompts for c in prompt if not c.isspace()})
+        if not distinct:
+            return
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        encoded = self.tokenizer(distinct, add_special_tokens=False)["input_ids"]
+        chars = {
+            c: None for c, ids in zip(distinct, encoded, strict=True) if not ids or (unk is not None and unk in ids)
+        }
+        if not chars:
+            return
+        bad_rows = [row for row, prompt in enumerate(prompts) if any(c in chars for c in prompt)]
+        row = bad_rows[0]
+        first = [c for c in dict.fromkeys(prompts[row]) if c in chars]
+        line = _source_line(spec, row)
+        at = f"row {row}" + (f" (line {line} of {spec})" if line is not None else "")
+        if self.tokenizer_name_or_path is None:  # the embedded character tokenizer
+            from lit_entropy.data.arithmetic import ARITHMETIC_ALPHABET
+
+            fix = f"the embedded character tokenizer knows only {ARITHMETIC_ALPHABET!r}"
+        else:
+            fix = f"use a model whose tokenizer covers them (tokenizer_name_or_path={self.tokenizer_name_or_path!r})"
+        in_template = self.prompt_template is not None and any(c in self.prompt_template for c in chars)
+        template = " (some come from prompt_template)" if in_template else ""
+        raise ValueError(
+            f"{where}: the tokenizer cannot encode the characters {''.join(chars)!r}{template} ({len(bad_rows)} of "
+            f"{len(prompts)} prompts); first at {at}: {first!r} in {_short(prompts[row])}. They would become "
+            f"<unk> and be dropped when decoded; {fix}"
+        )
+
     def _length_check(self, input_ids: list[list[int]], prompts: list[str], where: str) -> list[int]:
         """Indices of the rows within the limits; raises on the first overlong row unless filtering."""
         context = getattr(self.tokenizer, "model_max_length", None)
@@ -601,6 +669,54 @@ def _is_local(spec: str) -> bool:
     return path.exists() or spec.startswith(("/", "./", "../", "~")) or path.suffix.lower() in _BUILDERS
 
 
+def _check_local_source(setting: str, spec: str | None) -> None:
+    """At construction: a local data file that is missing or empty is reported before anything loads."""
+    if spec is None or spec == ARITHMETIC_DATASET or not isinstance(spec, str) or not _is_local(spec):
+        return
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"{setting}={spec!r} does not exist (resolved to {path.resolve()}); check the path and the working "
+            "directory"
+        )
+    if path.is_file() and path.stat().st_size == 0:
+        raise ValueError(f"{setting}={spec!r} is an empty file (0 bytes)")
+
+
+def _check_utf8(setting: str, spec: str, path: Path) -> None:
+    """Name the file, line and bytes of the first invalid UTF-8 sequence of a text data file."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{setting}={spec!r} is not UTF-8 text: line {number}, column {err.start + 1} has the bytes "
+                    f"{line[err.start : err.end + 3]!r}; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+
+
+def _source_line(spec: str, row: int) -> int | None:
+    """Line of row ``row`` in a .jsonl / .csv file (blank lines and quoted newlines accounted), else None."""
+    path = Path(spec).expanduser()
+    suffix = path.suffix.lower()
+    if not path.is_file() or suffix not in (".jsonl", ".csv"):
+        return None
+    with open(path, encoding="utf-8", newline="") as handle:
+        if suffix == ".jsonl":
+            starts = [number for number, line in enumerate(handle, start=1) if line.strip()]
+        else:
+            import csv
+
+            reader = csv.reader(handle)
+            starts, previous = [], 0
+            for _ in reader:
+                starts.append(previous + 1)
+                previous = reader.line_num
+            starts = starts[1:]  # the header
+    return starts[row] if row < len(starts) else None
+
+
 def _is_message(value: Any) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get("role"), str) and isinstance(value.get("content"), str)
 
@@ -617,7 +733,11 @@ def _extract(table: Any, setting: str, key: str, where: str) -> list[Any]:
         return list(table[key])
     head, *rest = key.split(".")
     if head not in columns:
-        raise ValueError(f"{setting}={key!r} is not a column of {where} (available columns: {columns})")
+        import difflib
+
+        close = difflib.get_close_matches(head, columns, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{setting}={key!r} is not a column of {where} (available columns: {columns}){hint}")
     values = []
     for row, value in enumerate(table[head]):
         for depth, part in enumerate(rest):

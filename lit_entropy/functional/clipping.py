@@ -15,6 +15,14 @@ so every rank makes the decision the global batch would make. The steps are publ
     cut = <global TopKCut of (scores, cand) for k = cap_count(int(moments[0]), max_frac)>
     keep = clip_v_mask(S, E_p[S], A, mask, moments=moments, cap_cut=cut)
 
+Non-finite rule: a token whose score is NaN or +-inf (``S`` for Clip_B; ``D = E_p[S] - S``, i.e. ``S``
+or ``E_p[S]`` non-finite, for Clip_V) is excluded from the statistics (count, mean, std, and the
+``n`` of the Clip_V cap) and is never masked: it stays in the loss, where the module's non-finite
+loss check sees it. The other tokens are clipped as if it were absent, so one NaN does not switch
+clipping off for the batch. A distributed caller builds its moments over
+``finite_mask(score, mask)``; :class:`~lit_entropy.callbacks.EntropyDiscriminatorClipping` does, and
+logs the share of such tokens.
+
 Zero-spread rule: the population standard deviation ``s`` is treated as zero (nothing is
 masked) when ``var <= 1e-14 * E[x^2]``, i.e. ``s`` below ~1e-7 of the RMS of the score. That
 is beneath float32 resolution of the per-token scores and inside the float64 cancellation
@@ -34,6 +42,7 @@ from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
 __all__ = [
     "cap_count",
     "clip_b_mask",
+    "finite_mask",
     "clip_v_deviation",
     "clip_v_mask",
     "clip_v_scores",
@@ -76,9 +85,14 @@ def _broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
     )
 
 
+def finite_mask(values: Tensor, mask: Tensor) -> Tensor:
+    """The tokens of ``mask`` whose ``values`` are finite: those the statistics count (module docstring)."""
+    return mask & torch.isfinite(values)
+
+
 def _check_moments(moments: Tensor | None, values: Tensor, mask: Tensor) -> Tensor:
     if moments is None:
-        return masked_moments(values, mask)
+        return masked_moments(values, finite_mask(values, mask))
     if moments.numel() != 3:
         raise ValueError(f"moments must hold (count, sum, sumsq), got shape {tuple(moments.shape)}")
     return moments.detach().reshape(3).to(device=values.device, dtype=torch.float64)
@@ -124,8 +138,8 @@ def clip_b_mask(
         mask: ``[B, T]`` bool, True = valid response token.
         mu: threshold in standard deviations (> 0).
         symmetric: also mask the strongest entropy-decreasing positive-advantage tokens.
-        moments: optional float64 ``[3]`` ``(count, sum, sumsq)`` of ``S`` over the global batch
-            (already all-reduced); replaces the local statistics.
+        moments: optional float64 ``[3]`` ``(count, sum, sumsq)`` of ``S`` over the finite valid tokens
+            of the global batch (already all-reduced); replaces the local statistics.
 
     Returns:
         Bool ``[B, T]`` keep mask, a subset of ``mask``.
@@ -141,6 +155,7 @@ def clip_b_mask(
         clipped |= (adv > 0) & (centred > threshold)
     # std == 0 makes the threshold 0; the strict comparisons could still fire on rounding noise of the mean.
     clipped &= std > 0
+    clipped &= torch.isfinite(centred)  # non-finite tokens are never masked (module docstring)
     return mask & ~clipped
 
 
@@ -169,7 +184,7 @@ def clip_v_scores(
     ``s`` is the population std of ``D`` over the valid tokens; ``D`` itself is compared to the
     threshold without re-centring (its mean is ~0 on-policy). Candidates are valid tokens with
     ``A < 0`` and ``D > mu * s`` (score ``D``) and, with ``symmetric=True``, valid tokens with
-    ``A > 0`` and ``-D > mu * s`` (score ``-D``).
+    ``A > 0`` and ``-D > mu * s`` (score ``-D``). Tokens with a non-finite ``D`` are never candidates.
 
     Args:
         discriminator: ``S`` per token, ``[B, T]``.
@@ -193,7 +208,7 @@ def clip_v_scores(
     positive = adv > 0
     scores = torch.where(positive, -deviation, deviation)
     eligible = (adv < 0) | positive if symmetric else adv < 0
-    candidates = mask & eligible & (scores > threshold) & (std > 0)
+    candidates = mask & eligible & (scores > threshold) & (std > 0) & torch.isfinite(deviation)
     return scores, candidates
 
 
@@ -240,7 +255,8 @@ def clip_v_mask(
         mu: threshold in standard deviations (> 0).
         max_frac: largest masked fraction of the valid tokens, in (0, 1]; None = no cap.
         symmetric: also mask positive-advantage tokens with ``-D > mu * s``.
-        moments: optional float64 ``[3]`` global moments of ``D``; its count is the ``n`` of the cap.
+        moments: optional float64 ``[3]`` global moments of ``D`` over the finite valid tokens; its count
+            is the ``n`` of the cap.
         cap_cut: optional global top-k cut of the candidate scores from a distributed caller
             (:class:`~lit_entropy.functional.selection.TopKCut`); computed locally when None.
 

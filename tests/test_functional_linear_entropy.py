@@ -39,7 +39,9 @@ def _inputs(n, vocab, hidden, *, dtype=torch.float64, bias=False, seed=0, scale=
 
 def _loss_weights(shape, seed=7):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(shape, generator=gen, dtype=torch.float64)
+    return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(
+        shape, generator=gen, dtype=torch.float64
+    )
 
 
 def _grads(loss, tensors):
@@ -84,7 +86,9 @@ def test_one_output_used_and_policy_average_off(pick) -> None:
 
 def test_float32_matches_float64_reference() -> None:
     h, w, b, ids = _inputs(70, 300, 16, dtype=torch.float32, bias=True, seed=5, scale=0.7)
-    out = linear_entropy_stats(h, w, ids, bias=b, temperature=0.8, policy_average=True, chunk_size=16, vocab_chunk_size=48)
+    out = linear_entropy_stats(
+        h, w, ids, bias=b, temperature=0.8, policy_average=True, chunk_size=16, vocab_chunk_size=48
+    )
     h64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (h, w, b))
     ref = reference(h64, w64, ids, b64, 0.8)
     for got, want in zip(out, ref, strict=True):
@@ -161,7 +165,9 @@ def test_gradcheck_finite_differences(temperature) -> None:
 
 def test_bf16_inputs_give_float32_stats_and_bf16_gradients() -> None:
     h, w, b, ids = _inputs(24, 80, 16, dtype=torch.bfloat16, bias=True, seed=9, scale=0.5)
-    out = linear_entropy_stats(h, w, ids, bias=b, temperature=0.9, policy_average=True, chunk_size=7, vocab_chunk_size=16)
+    out = linear_entropy_stats(
+        h, w, ids, bias=b, temperature=0.9, policy_average=True, chunk_size=7, vocab_chunk_size=16
+    )
     h64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (h, w, b))
     ref = reference(h64, w64, ids, b64, 0.9)
     for got, want in zip(out, ref, strict=True):
@@ -223,9 +229,10 @@ class _AllocationRecorder(TorchDispatchMode):
 
 
 def test_memory_is_bounded_by_the_block_not_by_rows_times_vocab() -> None:
-    # N x V = 400 x 2000 logits (3.2 MB float32) vs a 16 x 64 block: every tensor created in the
-    # forward and backward must be at most one of: the block, the weight gradient [V, H], per-row [N, H].
-    n, vocab, hid, rows, cols = 400, 2000, 4, 16, 64
+    # N x V = 120 x 960 logits (461 kB float32) vs a 40 x 240 block: every tensor created in the forward
+    # and backward must be at most one of: the block, the weight gradient [V, H], per-row [N, H].
+    # (Few blocks: the dispatch mode costs ~1 ms per op.)
+    n, vocab, hid, rows, cols = 120, 960, 4, 40, 240
     h, w, b, ids = _inputs(n, vocab, hid, dtype=torch.float32, bias=True, seed=3)
     bound = 4 * max(rows * cols, vocab * hid, n * hid)
     rec = _AllocationRecorder()
@@ -233,7 +240,7 @@ def test_memory_is_bounded_by_the_block_not_by_rows_times_vocab() -> None:
         out = linear_entropy_stats(h, w, ids, bias=b, policy_average=True, chunk_size=rows, vocab_chunk_size=cols)
         (out.logprobs.sum() + out.entropy.sum()).backward()
     logits_bytes = 4 * n * vocab
-    assert 0 < rec.largest <= bound < logits_bytes / 50
+    assert 0 < rec.largest <= bound < logits_bytes / 10
     # The recorder sees allocations: the unfused computation creates [N, V] tensors.
     ref_rec = _AllocationRecorder()
     with ref_rec:

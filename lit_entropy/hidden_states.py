@@ -2,7 +2,7 @@
 
 The fused vocabulary pass (:func:`lit_entropy.functional.linear_entropy_stats`) needs the hidden states
 that the LM head would read and the head's ``(weight, bias)``. :func:`response_hidden_states` runs the
-model's backbone (``get_decoder()``) with the same position ids as the full model forward, so
+model with the same position ids as the RL step's full forward but keeps no logits, so
 ``hidden @ weight.T + bias`` equals the model's own logits at the positions that predict the response
 tokens. :func:`lm_head_params` returns ``None`` whenever the logits are *not* such a plain linear map
 of the hidden states (a wrapped head, or logit scaling / soft-capping in the config), so callers can fall
@@ -11,6 +11,7 @@ back to the unfused path.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["lm_head_params", "response_hidden_states"]
@@ -24,21 +25,15 @@ _LOGIT_TRANSFORMS = {
 }
 
 
-def _backbone(model: nn.Module) -> nn.Module:
-    get_decoder = getattr(model, "get_decoder", None)
-    backbone = get_decoder() if callable(get_decoder) else getattr(model, "model", None)
-    if not isinstance(backbone, nn.Module) or backbone is model:
-        raise ValueError(
-            f"cannot find the backbone of {type(model).__name__}: it has neither get_decoder() nor a .model submodule"
-        )
-    return backbone
-
-
 def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
     """Last-layer hidden states ``[n, T, H]`` (after the final norm) at the positions predicting the response.
 
+    The model's own forward runs (so wrappers such as FSDP2 see an ordinary call: its root parameters,
+    the LM head included, are gathered and stay gathered until backward) with an *empty* ``logits_to_keep``
+    index, so the LM head is applied to no position and no logits are computed.
+
     Args:
-        model: a Hugging Face causal LM (``*ForCausalLM``); only its backbone runs, the LM head does not.
+        model: a Hugging Face causal LM (``*ForCausalLM``) whose forward accepts ``logits_to_keep``.
         sequences: ``[n, L]`` token ids, prompt (left-padded) followed by the ``T`` response tokens.
         attention_mask: ``[n, L]``, 1 for real tokens.
         response_len: ``T``, the number of response tokens at the end of each row (``1 <= T < L``).
@@ -53,11 +48,20 @@ def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: 
             f"response_len must lie in [1, {length - 1}] for sequences of length {length}, got {response_len}"
         )
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = _backbone(model)(
-        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    no_position = torch.empty(0, dtype=torch.long, device=sequences.device)
+    out = model(
+        input_ids=sequences,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=no_position,
+        output_hidden_states=True,
+        use_cache=False,
     )
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return hidden[:, length - response_len - 1 : length - 1]
+    hidden_states = getattr(out, "hidden_states", None)
+    if not hidden_states:
+        raise ValueError(f"{type(model).__name__} returned no hidden_states with output_hidden_states=True")
+    # Only the last entry is kept; dropping ``out`` frees the other layers' outputs.
+    return hidden_states[-1][:, length - response_len - 1 : length - 1]
 
 
 def lm_head_params(model: nn.Module) -> tuple[Tensor, Tensor | None] | None:

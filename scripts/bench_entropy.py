@@ -183,10 +183,18 @@ def _worker(
 
 
 def _measure(ctx, **kwargs) -> dict:
+    import queue as queue_module
+
     queue = ctx.Queue()
     proc = ctx.Process(target=_worker, kwargs={**kwargs, "queue": queue})
     proc.start()
-    result = queue.get()
+    while True:  # a worker that dies before reporting must not hang the benchmark
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not proc.is_alive() and queue.empty():
+                raise RuntimeError(f"worker {kwargs} died with exit code {proc.exitcode}") from None
     proc.join()
     if proc.exitcode != 0:
         raise RuntimeError(f"worker {kwargs} exited with {proc.exitcode}")

@@ -1,0 +1,401 @@
+"""Entropy statistics straight from hidden states and the LM head: logits are never materialised.
+
+``linear_entropy_stats(h, W, k)`` returns what ``entropy_stats(h @ W.T + b, k)`` returns (THEORY.md
+sections 1-2: log-prob of the sampled token, entropy in nats, discriminator ``S_k = p_k (H + log p_k)``
+and the policy average ``E_p[S]``) without the ``[N, V]`` logits tensor or its gradient.
+
+How: the logits are computed one block of ``[rows, vocab_cols]`` at a time (one matmul per block)
+and reduced with an online (streaming) log-sum-exp: per row we keep the running max ``M`` and, relative
+to it, ``Z = sum e``, ``A = sum e y``, ``B = sum e^2`` and ``C = sum e^2 y`` (``y = z / T - M``,
+``e = exp(y)``), rescaled whenever ``M`` grows. At the end ``H = log Z - A / Z`` and
+``E_p[S] = C / Z^2 - (B / Z^2)(A / Z)``. The backward pass recomputes each block's logits once, forms
+the logits gradient ``g = p (a log p + b)`` (``a = -dL/dH / T``, ``b = a H - dL/dlog p_k / T``) in the
+block and immediately multiplies it into the hidden-state and weight gradients; the sampled token's
+``e_k`` term is added separately (a gather and an ``index_add``), so no scatter runs per block.
+
+Loop order is vocabulary-outer, rows-inner: each weight chunk's gradient is finished (summed over all
+rows in a small float32 accumulator) and written once, so a bf16 weight needs no ``[V, H]`` float32
+accumulator; the hidden-state gradient ``[N, H]`` (tiny next to ``[N, V]``) accumulates across chunks.
+Matmuls run in the input dtype, exactly like the model's own LM head, so the fused and the unfused
+paths see the same (bf16-rounded) logits; all softmax arithmetic is float32 (float64 for float64).
+
+Memory (float32, N rows, V vocabulary, H hidden): two ``[rows, vocab_cols]`` blocks, ``O(N)`` per-row
+scalars, the ``[N, H]`` hidden-state gradient and the weight gradient ``[V, H]`` (which any head needs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_entropy.functional.entropy import (
+    _X_FLOOR,
+    EntropyStats,
+    _check_temperature,
+    _compute_dtype,
+    entropy_discriminator,
+)
+
+__all__ = ["DEFAULT_BLOCK", "linear_entropy_stats"]
+
+#: Default ``(rows, vocab_cols)`` of one logits block per device type. CPU: a float32 block of 1 MiB
+#: keeps the elementwise passes cache-resident while the block matmul ``[rows, H] @ [H, vocab_cols]``
+#: runs at full BLAS speed (measured on 1 AVX2 core: 256x1024, 512x512 and 2048x128 within 3% of each
+#: other, 64x4096 30% slower). Accelerators want large blocks to amortise kernel launches; 1024x4096
+#: float32 is 16 MiB per buffer (three buffers: 0.04x of the logits at N = 2048, V = 151936).
+DEFAULT_BLOCK: dict[str, tuple[int, int]] = {"cpu": (256, 1024), "default": (1024, 4096)}
+
+
+def _check_inputs(hidden: Tensor, weight: Tensor, token_ids: Tensor, bias: Tensor | None) -> None:
+    for name, t in (("hidden", hidden), ("weight", weight), ("token_ids", token_ids)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not hidden.is_floating_point() or hidden.dim() < 1:
+        raise ValueError(
+            f"hidden must be a floating-point tensor [..., H], got dtype={hidden.dtype} shape={tuple(hidden.shape)}"
+        )
+    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must be [V, H] with H = hidden.shape[-1] = {hidden.shape[-1]} and V > 0, "
+            f"got weight.shape={tuple(weight.shape)}"
+        )
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight.dtype must equal hidden.dtype={hidden.dtype}, got weight.dtype={weight.dtype}")
+    if bias is not None:
+        if not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[0],) or bias.dtype != weight.dtype:
+            got = f"{tuple(bias.shape)} {bias.dtype}" if isinstance(bias, Tensor) else type(bias).__name__
+            raise ValueError(f"bias must be a [{weight.shape[0]}] tensor of dtype {weight.dtype}, got {got}")
+    devices = {t.device for t in (hidden, weight, token_ids) + (() if bias is None else (bias,))}
+    if len(devices) > 1:
+        raise ValueError(f"hidden, weight, bias and token_ids must be on one device, got {sorted(map(str, devices))}")
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got dtype={token_ids.dtype}")
+    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"token_ids shape must equal hidden.shape[:-1]={tuple(hidden.shape[:-1])}, "
+            f"got token_ids.shape={tuple(token_ids.shape)}"
+        )
+    if token_ids.numel() > 0:
+        lo, hi = int(token_ids.min()), int(token_ids.max())
+        if lo < 0 or hi >= weight.shape[0]:
+            raise ValueError(f"token_ids must lie in [0, {weight.shape[0]}), got values in [{lo}, {hi}]")
+
+
+def _resolve_block(name: str, value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return value
+
+
+def _block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, out: Tensor) -> Tensor:
+    """``out = hb @ wc.T (+ bc)`` in the input dtype, written into a reused buffer."""
+    if bc is None:
+        return torch.mm(hb, wc.T, out=out)
+    return torch.addmm(bc, hb, wc.T, out=out)
+
+
+def _row_dot(a: Tensor, b: Tensor, tmp: Tensor, out: Tensor) -> Tensor:
+    """``(a * b).sum(-1)`` of ``[r, c]`` blocks into ``out`` ``[r]``, using the reused buffer ``tmp``.
+
+    ``torch.linalg.vecdot`` allocates an ``[r, c]`` temporary per call and is ~2x slower on CPU (measured).
+    """
+    return torch.sum(torch.mul(a, b, out=tmp), dim=1, out=out)
+
+
+class _Buffers:
+    """Reusable per-block buffers (fresh per-block temporaries fragment the CPU heap)."""
+
+    def __init__(self, rows: int, cols: int, mm_dtype: torch.dtype, cdt: torch.dtype, device, *, forward: bool):
+        kw = {"device": device}
+        self.x = torch.empty(rows, cols, dtype=cdt, **kw)
+        self.e = torch.empty(rows, cols, dtype=cdt, **kw)
+        self.t = torch.empty(rows, cols, dtype=cdt, **kw) if forward else None
+        # Matmul output / input in the input dtype when it is narrower than the compute dtype.
+        self.mm = None if mm_dtype == cdt else torch.empty(rows, cols, dtype=mm_dtype, **kw)
+        self.vec = torch.empty(8, rows, dtype=cdt, **kw) if forward else None  # per-row scalars of one block
+
+
+def _forward_kernel(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    ids: Tensor,
+    inv_t: float,
+    rows: int,
+    cols: int,
+    want_average: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+    """Streaming pass over ``[rows, cols]`` logits blocks. Returns flat ``(log p_k, H, S, E_p[S] | None, shift)``.
+
+    ``shift = M + log Z`` per row, so that ``log p = z / T - shift`` (used by the backward pass).
+    """
+    n = h.shape[0]
+    vocab = weight.shape[0]
+    cdt = _compute_dtype(h.dtype)
+    dev = h.device
+    floor = _X_FLOOR[cdt]
+    # Running per-row state relative to the running max m (in units of z / T).
+    state = torch.empty(5 if want_average else 3, n, dtype=cdt, device=dev)
+    m, z_sum, a_sum = state[0], state[1], state[2]
+    b_sum, c_sum = (state[3], state[4]) if want_average else (None, None)
+    if n == 0:
+        empty = state[0].clone()
+        return empty, empty.clone(), empty.clone(), empty.clone() if want_average else None, empty.clone()
+    rows, cols = min(rows, n), min(cols, vocab)
+    buf = _Buffers(rows, cols, h.dtype, cdt, dev, forward=True)
+    for v0 in range(0, vocab, cols):
+        v1 = min(v0 + cols, vocab)
+        wc = weight[v0:v1]
+        bc = None if bias is None else bias[v0:v1]
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            r, c = r1 - r0, v1 - v0
+            x, e = buf.x[:r, :c], buf.e[:r, :c]
+            if buf.mm is None:
+                _block_logits(h[r0:r1], wc, bc, out=x)
+                if inv_t != 1.0:
+                    x.mul_(inv_t)
+            else:
+                torch.mul(_block_logits(h[r0:r1], wc, bc, out=buf.mm[:r, :c]), inv_t, out=x)
+            vec = buf.vec[:, :r]
+            mc, zc, ac, bcs, ccs, d_old, s_old, s_new = vec.unbind(0)
+            torch.amax(x, dim=1, out=mc)
+            x.sub_(mc.unsqueeze(1)).clamp_(min=floor)  # y = x - max <= 0, floored against denormals
+            torch.exp(x, out=e)
+            t = buf.t[:r, :c]
+            torch.sum(e, dim=1, out=zc)
+            _row_dot(e, x, t, out=ac)  # t = e y
+            if want_average:
+                torch.sum(t.mul_(e), dim=1, out=ccs)  # e^2 y
+                _row_dot(e, e, t, out=bcs)
+            sl = slice(r0, r1)
+            if v0 == 0:
+                m[sl], z_sum[sl], a_sum[sl] = mc, zc, ac
+                if want_average:
+                    b_sum[sl], c_sum[sl] = bcs, ccs
+                continue
+            # Merge the block (relative to mc) into the running state (relative to m): shifting the
+            # reference from m to m' = max(m, mc) multiplies e by exp(-d) and adds -d to y, d = m' - m.
+            mo = m[sl]
+            torch.sub(mo, mc, out=d_old).clamp_(max=0.0)  # m - m' <= 0
+            torch.sub(mc, mo, out=mc).clamp_(max=0.0)  # mc - m' <= 0 (mc now holds the block's shift)
+            torch.exp(d_old, out=s_old)
+            torch.exp(mc, out=s_new)
+            mo.sub_(d_old)  # m' = m - (m - m')
+            # A' = s_old (A + d_old Z) + s_new (A_c + d_new Z_c); the same with s^2 for C from B.
+            if want_average:
+                bo, co = b_sum[sl], c_sum[sl]
+                co.addcmul_(d_old, bo).mul_(s_old).mul_(s_old)
+                ccs.addcmul_(mc, bcs).mul_(s_new).mul_(s_new)
+                co.add_(ccs)
+                bo.mul_(s_old).mul_(s_old).addcmul_(bcs, s_new * s_new)
+            ao, zo = a_sum[sl], z_sum[sl]
+            ao.addcmul_(d_old, zo).mul_(s_old)
+            ac.addcmul_(mc, zc).mul_(s_new)
+            ao.add_(ac)
+            zo.mul_(s_old).addcmul_(zc, s_new)
+    log_z = torch.log(z_sum)
+    entropy = log_z - a_sum / z_sum  # both terms >= 0: no cancellation
+    shift = m + log_z
+    # The sampled token's logit by a direct dot product, rounded to the matmul dtype like the blocks.
+    z_tok = torch.linalg.vecdot(h.to(cdt), weight[ids].to(cdt))
+    if bias is not None:
+        z_tok += bias[ids].to(cdt)
+    logp = z_tok.to(h.dtype).to(cdt).mul_(inv_t).sub_(shift)
+    avg = None
+    if want_average:
+        z2 = z_sum * z_sum
+        avg = c_sum / z2 - (b_sum / z2) * (a_sum / z_sum)
+    return logp, entropy, entropy_discriminator(logp, entropy), avg, shift
+
+
+def _backward_kernel(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    ids: Tensor,
+    shift: Tensor,
+    entropy: Tensor,
+    grad_logp: Tensor | None,
+    grad_h: Tensor | None,
+    inv_t: float,
+    rows: int,
+    cols: int,
+    needs: tuple[bool, bool, bool],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients w.r.t. ``(hidden, weight, bias)`` (None where not needed), one logits recompute per block."""
+    n, hidden_size = h.shape
+    vocab = weight.shape[0]
+    cdt = _compute_dtype(h.dtype)
+    dev = h.device
+    floor = _X_FLOOR[cdt]
+    need_h, need_w, need_b = needs
+    need_b = need_b and bias is not None
+    # Per-row coefficients: dL/dz = p (a log p + b) + c e_k with a = -g_H / T, c = g_lp / T, b = a H - c.
+    a = b = c = None
+    if grad_h is not None:
+        a = grad_h.reshape(-1).to(cdt) * -inv_t
+        b = a * entropy
+    if grad_logp is not None:
+        c = grad_logp.reshape(-1).to(cdt) * inv_t
+        b = -c if b is None else b - c
+    gh = torch.zeros(n, hidden_size, dtype=cdt, device=dev) if need_h else None
+    gw = torch.empty_like(weight) if need_w else None
+    gb = torch.empty_like(bias) if need_b else None
+    if n == 0:
+        return gh.to(h.dtype) if need_h else None, gw.zero_() if need_w else None, gb.zero_() if need_b else None
+    rows, cols = min(rows, n), min(cols, vocab)
+    buf = _Buffers(rows, cols, h.dtype, cdt, dev, forward=False)
+    low = buf.mm is not None
+    gw_acc = torch.empty(cols, hidden_size, dtype=cdt, device=dev) if need_w else None
+    gb_acc = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
+    gb_tmp = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
+    gh_tmp = torch.empty(rows, hidden_size, dtype=h.dtype, device=dev) if (need_h and low) else None
+    gw_tmp = torch.empty(cols, hidden_size, dtype=h.dtype, device=dev) if (need_w and low) else None
+    neg_shift = shift.neg().unsqueeze(1)
+    if c is not None and (need_w or need_b):
+        # Rows grouped by sampled token, so each vocabulary chunk's e_k terms are one contiguous range.
+        order = torch.argsort(ids)
+        sorted_ids = ids[order]
+        starts = torch.arange(0, vocab + cols, cols, device=dev).clamp_(max=vocab)
+        bounds = torch.searchsorted(sorted_ids, starts).tolist()  # one host sync per backward
+        src = (c.unsqueeze(1) * h.to(cdt))[order] if need_w else None
+        c_sorted = c[order]
+    for k, v0 in enumerate(range(0, vocab, cols)):
+        v1 = min(v0 + cols, vocab)
+        wc = weight[v0:v1]
+        bc = None if bias is None else bias[v0:v1]
+        if need_w:
+            gwc = gw_acc[: v1 - v0].zero_()
+        if need_b:
+            gbc = gb_acc[: v1 - v0].zero_()
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            r, cw = r1 - r0, v1 - v0
+            x, e = buf.x[:r, :cw], buf.e[:r, :cw]
+            hb = h[r0:r1]
+            ns = neg_shift[r0:r1]
+            if low:
+                torch.add(ns, _block_logits(hb, wc, bc, out=buf.mm[:r, :cw]), alpha=inv_t, out=x)
+            else:
+                torch.add(ns, _block_logits(hb, wc, bc, out=x), alpha=inv_t, out=x)  # x = log p
+            x.clamp_(min=floor)  # same floor as the forward: p < 4e-18 there, no denormals
+            torch.exp(x, out=e)  # e = p
+            if a is not None:
+                # Three in-place passes beat one broadcasting addcmul by ~25% on CPU (measured).
+                x.mul_(a[r0:r1].unsqueeze(1)).add_(b[r0:r1].unsqueeze(1)).mul_(e)
+            else:
+                torch.mul(e, b[r0:r1].unsqueeze(1), out=x)
+            g = x  # dL/dz of the block without the e_k term
+            if low:
+                g = buf.mm[:r, :cw].copy_(x)
+            if need_h:
+                if low:
+                    gh[r0:r1].add_(torch.mm(g, wc, out=gh_tmp[:r]))
+                else:
+                    gh[r0:r1].addmm_(g, wc)
+            if need_w:
+                if low:
+                    gwc.add_(torch.mm(g.T, hb, out=gw_tmp[:cw]))
+                else:
+                    gwc.addmm_(g.T, hb)
+            if need_b:
+                gbc.add_(torch.sum(x, dim=0, out=gb_tmp[:cw]))
+        if c is not None and (need_w or need_b):
+            lo, hi = bounds[k], bounds[k + 1]
+            if hi > lo:
+                local = sorted_ids[lo:hi] - v0
+                if need_w:
+                    gwc.index_add_(0, local, src[lo:hi])
+                if need_b:
+                    gbc.index_add_(0, local, c_sorted[lo:hi])
+        if need_w:
+            gw[v0:v1].copy_(gwc)
+        if need_b:
+            gb[v0:v1].copy_(gbc)
+    if need_h:
+        if c is not None:
+            gh.addcmul_(c.unsqueeze(1), weight[ids].to(cdt))
+        gh = gh.to(h.dtype)
+    return gh, gw, gb
+
+
+class _LinearEntropyStatsFn(torch.autograd.Function):
+    """Fused LM head + softmax statistics; the backward recomputes each logits block once."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, inv_t, rows, cols, want_average):  # type: ignore[override]
+        logp, h, s, avg, shift = _forward_kernel(hidden, weight, bias, ids, inv_t, rows, cols, want_average)
+        if avg is None:
+            avg = s.new_empty(0)
+        ctx.save_for_backward(hidden, weight, bias, ids, shift, h)
+        ctx.inv_t, ctx.rows, ctx.cols = inv_t, rows, cols
+        ctx.mark_non_differentiable(s, avg)
+        ctx.set_materialize_grads(False)
+        return logp, h, s, avg
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, grad_h, _grad_s, _grad_avg):  # type: ignore[override]
+        needs = tuple(ctx.needs_input_grad[:3])
+        if not any(needs) or (grad_logp is None and grad_h is None):
+            return None, None, None, None, None, None, None, None
+        hidden, weight, bias, ids, shift, h = ctx.saved_tensors
+        gh, gw, gb = _backward_kernel(
+            hidden, weight, bias, ids, shift, h, grad_logp, grad_h, ctx.inv_t, ctx.rows, ctx.cols, needs
+        )
+        return gh, gw, gb, None, None, None, None, None
+
+
+def linear_entropy_stats(
+    hidden: Tensor,
+    weight: Tensor,
+    token_ids: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    policy_average: bool = False,
+    chunk_size: int | None = None,
+    vocab_chunk_size: int | None = None,
+) -> EntropyStats:
+    """``entropy_stats(hidden @ weight.T + bias, token_ids)`` without materialising the ``[..., V]`` logits.
+
+    Args:
+        hidden: ``[..., H]`` final hidden states (after the model's last norm) of the positions that
+            predict ``token_ids``; float32/bf16/fp16/float64.
+        weight: ``[V, H]`` LM-head weight, same dtype as ``hidden`` (may be the tied input embedding).
+        token_ids: ``[...]`` integer ids of the sampled tokens, values in ``[0, V)``.
+        bias: optional ``[V]`` LM-head bias.
+        temperature: ``T > 0``; the policy is ``softmax(logits / T)``.
+        policy_average: also compute ``E_p[S]`` (two extra dot products per block row).
+        chunk_size: rows per logits block (``None``: ``DEFAULT_BLOCK`` of the device).
+        vocab_chunk_size: vocabulary entries per logits block (``None``: ``DEFAULT_BLOCK``).
+
+    Returns:
+        :class:`~lit_entropy.functional.entropy.EntropyStats`, each field ``[...]`` in float32 (float64
+        for float64 inputs). ``logprobs`` and ``entropy`` carry gradients to ``hidden``, ``weight`` and
+        ``bias``; ``discriminator`` and ``policy_average`` are detached.
+    """
+    _check_inputs(hidden, weight, token_ids, bias)
+    inv_t = 1.0 / _check_temperature(temperature)
+    kind = hidden.device.type
+    d_rows, d_cols = DEFAULT_BLOCK.get(kind, DEFAULT_BLOCK["default"])
+    rows = _resolve_block("chunk_size", chunk_size, d_rows)
+    cols = _resolve_block("vocab_chunk_size", vocab_chunk_size, d_cols)
+    shape = hidden.shape[:-1]
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    ids = token_ids.reshape(-1).to(torch.long)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
+        logp, h, s, avg = _LinearEntropyStatsFn.apply(h2, weight, bias, ids, inv_t, rows, cols, policy_average)
+        avg = avg if policy_average else None
+    else:
+        with torch.no_grad():
+            logp, h, s, avg, _ = _forward_kernel(h2, weight, bias, ids, inv_t, rows, cols, policy_average)
+    return EntropyStats(
+        logprobs=logp.view(shape),
+        entropy=h.view(shape),
+        discriminator=s.view(shape),
+        policy_average=None if avg is None else avg.view(shape),
+    )

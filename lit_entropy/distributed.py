@@ -9,6 +9,7 @@ unit and frozen and trainable parameters never share one. The PPO value head is 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -70,7 +71,11 @@ class FSDP2Strategy(ModelParallelStrategy):
             path.parent.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(path.parent)
         self.barrier("lit_entropy_checkpoint_tmp")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+            raise
         self.barrier("lit_entropy_checkpoint_written")
         if self.global_rank == 0:
             swap_directory_in(tmp, path)

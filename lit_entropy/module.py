@@ -377,8 +377,7 @@ class RFTModule(LightningModule):
 
     def policy_forward(self, model: nn.Module, rollout: RolloutBatch, **kwargs: Any) -> ResponseForward:
         """:func:`~lit_entropy.step.response_forward` with this module's temperature and chunking."""
-        policy, temperature = self.settings.policy, self.settings.sampling.temperature
-        return response_forward(model, rollout, temperature=temperature, chunk_size=policy.logprob_chunk_size, **kwargs)
+        return response_forward(model, rollout, **self.settings.forward_options(), **kwargs)
 
     @property
     def wants_hidden(self) -> bool:

@@ -54,7 +54,11 @@ class PolicyConfig:
     fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None
     """FSDP2 only: dtype of the all-gathered parameters; null = follow the trainer precision."""
     logprob_chunk_size: int | None = None
-    """Rows per chunk of the vocabulary pass; null = automatic."""
+    """Rows per chunk of the unfused vocabulary pass (full logits); null = automatic."""
+    fused_lm_head: bool = True
+    """Compute log-probs, entropy and E_p[S] from the final hidden states and the LM head block by block, never
+    materialising ``[tokens, vocab]`` logits (forward and backward); a model whose head is not a plain linear
+    layer uses the unfused path automatically."""
 
     def __post_init__(self) -> None:
         check_choice("model.policy.dtype", self.dtype, DTYPES)
@@ -355,6 +359,15 @@ class RFTSettings:
         if values["algorithm"] == "ppo" and values["ppo"] is None:
             values["ppo"] = PPOConfig()
         return cls(**values)
+
+    def forward_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~lit_entropy.step.response_forward` that these settings fix."""
+        policy = self.policy
+        return {
+            "temperature": self.sampling.temperature,
+            "chunk_size": policy.logprob_chunk_size,
+            "fused": policy.fused_lm_head,
+        }
 
     def to_hparams(self) -> dict[str, Any]:
         """Plain-data form for checkpoints and HPARAMS (a custom optimizer callable is left out)."""

@@ -57,11 +57,13 @@ def _logged_tags(trainer) -> set[str]:
     return set(tags["scalars"]) | set(tags["histograms"]) | set(tags.get("tensors", []))
 
 
-def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir):
-    """Left padding + position ids + temperature: the no-grad pass equals a per-row full-softmax reference."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir, fused):
+    """Left padding + position ids + temperature: the no-grad pass equals a per-row full-softmax reference,
+    through the fused (hidden states x LM head) and the unfused (full logits) vocabulary pass alike."""
     seed_everything(0)
     sampling = SamplingConfig(num_samples=3, max_new_tokens=5, temperature=0.7)
-    module = RFTModule(PolicyConfig(tiny_model_dir), sampling=sampling)
+    module = RFTModule(PolicyConfig(tiny_model_dir, fused_lm_head=fused), sampling=sampling)
     module.configure_model()
     module.setup("fit")
     tok = module.tokenizer
@@ -193,3 +195,23 @@ def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tm
         torch.testing.assert_close(fused[name], separate[name], atol=1e-5, rtol=1e-4)
     if method:
         assert masked > 0
+
+
+def test_fused_lm_head_trains_like_full_logits(tiny_model_dir, tmp_path):
+    """The fused vocabulary pass (no logits) takes the same updates as full logits + entropy_stats."""
+    weights, logged = [], []
+    for fused in (True, False):
+        module, trainer = _fit(
+            tiny_model_dir,
+            tmp_path / str(fused),
+            batches=2,
+            policy=PolicyConfig(tiny_model_dir, fused_lm_head=fused),
+            update=UpdateConfig(epochs=2, mini_batch_size=8),  # off-policy second pass: ratios != 1
+            loss=LossConfig(entropy_coef=0.01),
+            reward=RewardConfig(fn=_parity_reward),
+        )
+        weights.append({k: v.detach().clone() for k, v in module.policy.state_dict().items()})
+        logged.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], atol=1e-5, rtol=1e-4)
+    assert logged[0]["train/entropy"] == pytest.approx(logged[1]["train/entropy"], rel=1e-5)

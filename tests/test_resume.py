@@ -343,7 +343,7 @@ def test_sigterm_writes_a_checkpoint_that_resumes_exactly(tiny_model_dir, tmp_pa
     weights, reference, _ = uninterrupted
     previous = signal.getsignal(signal.SIGTERM)
     engine = _signal_engine(tiny_model_dir, signal.SIGTERM)
-    _, trainer, first = _fit(tiny_model_dir, tmp_path / "run", module=_module(tiny_model_dir, rollout_engine=engine))
+    _, trainer, first = _fit(tiny_model_dir, tmp_path / "run", module=_module(tiny_model_dir, rollout=engine))
     assert signal.getsignal(signal.SIGTERM) == previous  # handlers restored after training
     assert sorted(first.rows) == list(range(1, STOP_AFTER + 1)), "stopped at the end of the signalled batch"
     path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
@@ -383,7 +383,7 @@ def test_slurm_requeue_signal_saves_an_hpc_checkpoint_requeues_and_the_requeued_
     root = tmp_path / "job"
     engine = _signal_engine(tiny_model_dir, signal.SIGUSR1)
     previous = signal.getsignal(signal.SIGUSR1)
-    _, trainer, first = _fit(tiny_model_dir, root, module=_module(tiny_model_dir, rollout_engine=engine))
+    _, trainer, first = _fit(tiny_model_dir, root, module=_module(tiny_model_dir, rollout=engine))
     assert isinstance(trainer._accelerator_connector.cluster_environment, SLURMEnvironment)
     assert signal.getsignal(signal.SIGUSR1) == previous
     assert sorted(first.rows) == list(range(1, STOP_AFTER + 1))

@@ -12,9 +12,16 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import EntropyStats, entropy_stats
+from lit_entropy.functional.linear_entropy import linear_entropy_stats
+from lit_entropy.hidden_states import lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
 
-__all__ = ["ResponseForward", "response_forward", "response_logits", "value_estimates"]
+__all__ = ["ResponseForward", "response_forward", "response_logits", "uses_fused_head", "value_estimates"]
+
+
+def uses_fused_head(model: nn.Module) -> bool:
+    """Whether the model's logits are a plain linear map of its final hidden states (the fused path applies)."""
+    return lm_head_params(model) is not None
 
 
 def response_logits(
@@ -65,8 +72,15 @@ def response_forward(
     chunk_size: int | None = None,
     policy_average: bool = False,
     hidden: bool = False,
+    fused: bool = True,
 ) -> ResponseForward:
     """Statistics of the sampled response tokens under ``model`` (differentiable when grad is enabled).
+
+    Fused path (``fused`` and a plain linear LM head, see :func:`uses_fused_head`): the model's forward keeps
+    no logits; :func:`~lit_entropy.functional.linear_entropy_stats` computes log-probs, entropy, S and E_p[S]
+    from the final hidden states and the head's weight block by block, in the forward and the backward.
+    Otherwise the response logits are materialised and reduced by the chunked
+    :func:`~lit_entropy.functional.entropy_stats`.
 
     Args:
         model: a Hugging Face causal LM.
@@ -75,8 +89,17 @@ def response_forward(
         chunk_size: rows per chunk of the vocabulary pass; None = automatic.
         policy_average: also compute ``E_p[S]`` (Clip_V).
         hidden: also return the hidden states (value head on the policy).
+        fused: use the fused path when the model allows it.
     """
     responses = rollout.responses
+    if fused and uses_fused_head(model):
+        states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
+        # Read the head after the forward: under FSDP2 its weight is gathered only from the root's forward on.
+        weight, bias = lm_head_params(model)
+        stats = linear_entropy_stats(
+            states, weight, responses, bias=bias, temperature=temperature, policy_average=policy_average
+        )
+        return ResponseForward(stats=stats, hidden=states if hidden else None)
     logits, states = response_logits(
         model, rollout.sequences, rollout.attention_mask, responses.shape[1], hidden=hidden
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["lm_head_params", "response_hidden_states"]
+__all__ = ["forward_with_positions", "lm_head_params", "response_hidden_states"]
 
 # Config attributes that make logits != lm_head(hidden), with the value that means "off".
 _LOGIT_TRANSFORMS = {
@@ -23,6 +23,29 @@ _LOGIT_TRANSFORMS = {
     "logits_scaling": 1.0,  # Granite: logits / logits_scaling
     "output_multiplier_scale": 1.0,
 }
+
+
+def forward_with_positions(
+    model: nn.Module, sequences: Tensor, attention_mask: Tensor, *, logits_to_keep: Tensor, hidden: bool
+) -> object:
+    """The model's forward on left-padded rows with position ids that skip the padding (as generation used).
+
+    Args:
+        model: a Hugging Face causal LM.
+        sequences: ``[n, L]`` token ids.
+        attention_mask: ``[n, L]``, 0 on left padding.
+        logits_to_keep: index tensor of the positions whose logits are computed (empty: none).
+        hidden: also return every layer's hidden states.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(
+        input_ids=sequences,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=logits_to_keep,
+        output_hidden_states=hidden,
+        use_cache=False,
+    )
 
 
 def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
@@ -47,16 +70,8 @@ def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: 
         raise ValueError(
             f"response_len must lie in [1, {length - 1}] for sequences of length {length}, got {response_len}"
         )
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     no_position = torch.empty(0, dtype=torch.long, device=sequences.device)
-    out = model(
-        input_ids=sequences,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=no_position,
-        output_hidden_states=True,
-        use_cache=False,
-    )
+    out = forward_with_positions(model, sequences, attention_mask, logits_to_keep=no_position, hidden=True)
     hidden_states = getattr(out, "hidden_states", None)
     if not hidden_states:
         raise ValueError(f"{type(model).__name__} returned no hidden_states with output_hidden_states=True")

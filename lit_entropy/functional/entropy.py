@@ -20,6 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lit_entropy.functional.masked import compute_dtype
+
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "EntropyStats",
@@ -111,19 +113,17 @@ def _resolve_chunk_size(chunk_size: int | None, logits: Tensor) -> int:
     return chunk_size
 
 
-def _check_token_ids(token_ids: Tensor, logits: Tensor) -> None:
+def check_token_ids(token_ids: Tensor, shape: tuple[int, ...], vocab: int, source: str = "logits") -> None:
+    """Integer ids of ``shape`` in ``[0, vocab)``; ``source`` names the tensor ``shape`` comes from (messages)."""
     if not isinstance(token_ids, Tensor):
         raise ValueError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
     if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
         raise ValueError(f"token_ids must be an integer tensor, got dtype={token_ids.dtype}")
-    if tuple(token_ids.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"token_ids shape must equal logits.shape[:-1]={tuple(logits.shape[:-1])}, "
-            f"got token_ids.shape={tuple(token_ids.shape)}"
-        )
+    if tuple(token_ids.shape) != tuple(shape):
+        got = tuple(token_ids.shape)
+        raise ValueError(f"token_ids shape must equal {source}.shape[:-1]={tuple(shape)}, got token_ids.shape={got}")
     if token_ids.numel() > 0:
         lo, hi = int(token_ids.min()), int(token_ids.max())
-        vocab = logits.shape[-1]
         if lo < 0 or hi >= vocab:
             raise ValueError(f"token_ids must lie in [0, {vocab}), got values in [{lo}, {hi}]")
 
@@ -131,11 +131,6 @@ def _check_token_ids(token_ids: Tensor, logits: Tensor) -> None:
 # ----------------------------------------------------------------------------------------------
 # chunked kernels (no autograd inside)
 # ----------------------------------------------------------------------------------------------
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # float64 stays float64; everything narrower is computed (and returned) in float32.
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _row_blocks(logits: Tensor) -> list[Tensor]:
@@ -196,7 +191,7 @@ def _forward_kernel(
     """
     vocab = logits.shape[-1]
     n = token_ids.numel()
-    cdt = _compute_dtype(logits.dtype)
+    cdt = compute_dtype(logits)
     dev = logits.device
     floor = _X_FLOOR[cdt]
     logp_out = torch.empty(n, dtype=cdt, device=dev)
@@ -252,7 +247,7 @@ def _backward_kernel(
     """Gradient w.r.t. ``logits``: ``g_lp (e_k - p) / T - g_H S / T`` with ``S = p (H + log p)`` per entry."""
     vocab = logits.shape[-1]
     n = token_ids.numel()
-    cdt = _compute_dtype(logits.dtype)
+    cdt = compute_dtype(logits)
     floor = _X_FLOOR[cdt]
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     if n == 0:
@@ -349,7 +344,7 @@ def entropy_stats(
         vocabulary-sized tensor besides the gradient itself.
     """
     _check_logits(logits)
-    _check_token_ids(token_ids, logits)
+    check_token_ids(token_ids, logits.shape[:-1], logits.shape[-1])
     inv_t = 1.0 / _check_temperature(temperature)
     chunk = _resolve_chunk_size(chunk_size, logits)
     shape = logits.shape[:-1]

@@ -32,9 +32,10 @@ from lit_entropy.functional.entropy import (
     _X_FLOOR,
     EntropyStats,
     _check_temperature,
-    _compute_dtype,
+    check_token_ids,
     entropy_discriminator,
 )
+from lit_entropy.functional.masked import compute_dtype
 
 __all__ = ["DEFAULT_BLOCK", "linear_entropy_stats"]
 
@@ -68,17 +69,7 @@ def _check_inputs(hidden: Tensor, weight: Tensor, token_ids: Tensor, bias: Tenso
     devices = {t.device for t in (hidden, weight, token_ids) + (() if bias is None else (bias,))}
     if len(devices) > 1:
         raise ValueError(f"hidden, weight, bias and token_ids must be on one device, got {sorted(map(str, devices))}")
-    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got dtype={token_ids.dtype}")
-    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"token_ids shape must equal hidden.shape[:-1]={tuple(hidden.shape[:-1])}, "
-            f"got token_ids.shape={tuple(token_ids.shape)}"
-        )
-    if token_ids.numel() > 0:
-        lo, hi = int(token_ids.min()), int(token_ids.max())
-        if lo < 0 or hi >= weight.shape[0]:
-            raise ValueError(f"token_ids must lie in [0, {weight.shape[0]}), got values in [{lo}, {hi}]")
+    check_token_ids(token_ids, hidden.shape[:-1], weight.shape[0], source="hidden")
 
 
 def _resolve_block(name: str, value: int | None, default: int) -> int:
@@ -133,13 +124,11 @@ def _forward_kernel(
     """
     n = h.shape[0]
     vocab = weight.shape[0]
-    cdt = _compute_dtype(h.dtype)
+    cdt = compute_dtype(h)
     dev = h.device
     floor = _X_FLOOR[cdt]
     # Running per-row state relative to the running max m (in units of z / T).
     state = torch.empty(5 if want_average else 3, n, dtype=cdt, device=dev)
-    m, z_sum, a_sum = state[0], state[1], state[2]
-    b_sum, c_sum = (state[3], state[4]) if want_average else (None, None)
     if n == 0:
         empty = state[0].clone()
         return empty, empty.clone(), empty.clone(), empty.clone() if want_average else None, empty.clone()
@@ -160,52 +149,74 @@ def _forward_kernel(
             else:
                 torch.mul(_block_logits(h[r0:r1], wc, bc, out=buf.mm[:r, :c]), inv_t, out=x)
             vec = buf.vec[:, :r]
-            mc, zc, ac, bcs, ccs, d_old, s_old, s_new = vec.unbind(0)
-            torch.amax(x, dim=1, out=mc)
-            x.sub_(mc.unsqueeze(1)).clamp_(min=floor)  # y = x - max <= 0, floored against denormals
-            torch.exp(x, out=e)
-            t = buf.t[:r, :c]
-            torch.sum(e, dim=1, out=zc)
-            _row_dot(e, x, t, out=ac)  # t = e y
-            if want_average:
-                torch.sum(t.mul_(e), dim=1, out=ccs)  # e^2 y
-                _row_dot(e, e, t, out=bcs)
+            _block_statistics(x, e, buf.t[:r, :c], vec, floor, want_average)
             sl = slice(r0, r1)
             if v0 == 0:
-                m[sl], z_sum[sl], a_sum[sl] = mc, zc, ac
-                if want_average:
-                    b_sum[sl], c_sum[sl] = bcs, ccs
-                continue
-            # Merge the block (relative to mc) into the running state (relative to m): shifting the
-            # reference from m to m' = max(m, mc) multiplies e by exp(-d) and adds -d to y, d = m' - m.
-            mo = m[sl]
-            torch.sub(mo, mc, out=d_old).clamp_(max=0.0)  # m - m' <= 0
-            torch.sub(mc, mo, out=mc).clamp_(max=0.0)  # mc - m' <= 0 (mc now holds the block's shift)
-            torch.exp(d_old, out=s_old)
-            torch.exp(mc, out=s_new)
-            mo.sub_(d_old)  # m' = m - (m - m')
-            # A' = s_old (A + d_old Z) + s_new (A_c + d_new Z_c); the same with s^2 for C from B.
-            if want_average:
-                bo, co = b_sum[sl], c_sum[sl]
-                co.addcmul_(d_old, bo).mul_(s_old).mul_(s_old)
-                ccs.addcmul_(mc, bcs).mul_(s_new).mul_(s_new)
-                co.add_(ccs)
-                bo.mul_(s_old).mul_(s_old).addcmul_(bcs, s_new * s_new)
-            ao, zo = a_sum[sl], z_sum[sl]
-            ao.addcmul_(d_old, zo).mul_(s_old)
-            ac.addcmul_(mc, zc).mul_(s_new)
-            ao.add_(ac)
-            zo.mul_(s_old).addcmul_(zc, s_new)
+                state[:, sl] = vec[: state.shape[0]]
+            else:
+                _merge_block(state[:, sl], vec, want_average)
+    return _finish_statistics(h, weight, bias, ids, inv_t, state, want_average)
+
+
+def _block_statistics(x: Tensor, e: Tensor, t: Tensor, vec: Tensor, floor: float, want_average: bool) -> None:
+    """Per-row statistics of one logits block ``x`` (scaled by 1/T), relative to the block's row max.
+
+    Writes ``vec[0:5] = (max, Z = sum e, A = sum e y, B = sum e^2, C = sum e^2 y)`` with ``y = x - max`` and
+    ``e = exp(y)`` (B and C only with ``want_average``); ``x``, ``e`` and ``t`` are overwritten.
+    """
+    mc, zc, ac, bcs, ccs = vec[:5].unbind(0)
+    torch.amax(x, dim=1, out=mc)
+    x.sub_(mc.unsqueeze(1)).clamp_(min=floor)  # y = x - max <= 0, floored against denormals
+    torch.exp(x, out=e)
+    torch.sum(e, dim=1, out=zc)
+    _row_dot(e, x, t, out=ac)  # t = e y
+    if want_average:
+        torch.sum(t.mul_(e), dim=1, out=ccs)  # e^2 y
+        _row_dot(e, e, t, out=bcs)
+
+
+def _merge_block(state: Tensor, vec: Tensor, want_average: bool) -> None:
+    """Merge a block's statistics ``vec`` (relative to its max) into the running ``state`` (relative to m).
+
+    Shifting the reference from m to m' = max(m, mc) multiplies e by exp(-d) and adds -d to y, d = m' - m:
+    A' = s_old (A + d_old Z) + s_new (A_c + d_new Z_c); the same with s^2 for C from B.
+    """
+    mc, zc, ac, bcs, ccs, d_old, s_old, s_new = vec.unbind(0)
+    mo, zo, ao = state[0], state[1], state[2]
+    torch.sub(mo, mc, out=d_old).clamp_(max=0.0)  # m - m' <= 0
+    torch.sub(mc, mo, out=mc).clamp_(max=0.0)  # mc - m' <= 0 (mc now holds the block's shift)
+    torch.exp(d_old, out=s_old)
+    torch.exp(mc, out=s_new)
+    mo.sub_(d_old)  # m' = m - (m - m')
+    if want_average:
+        bo, co = state[3], state[4]
+        co.addcmul_(d_old, bo).mul_(s_old).mul_(s_old)
+        ccs.addcmul_(mc, bcs).mul_(s_new).mul_(s_new)
+        co.add_(ccs)
+        bo.mul_(s_old).mul_(s_old).addcmul_(bcs, s_new * s_new)
+    ao.addcmul_(d_old, zo).mul_(s_old)
+    ac.addcmul_(mc, zc).mul_(s_new)
+    ao.add_(ac)
+    zo.mul_(s_old).addcmul_(zc, s_new)
+
+
+def _finish_statistics(
+    h: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, inv_t: float, state: Tensor, want_average: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+    """``(log p_k, H, S, E_p[S] | None, shift)`` from the merged per-row state ``(m, Z, A[, B, C])``."""
+    m, z_sum, a_sum = state[0], state[1], state[2]
     log_z = torch.log(z_sum)
     entropy = log_z - a_sum / z_sum  # both terms >= 0: no cancellation
     shift = m + log_z
     # The sampled token's logit by a direct dot product, rounded to the matmul dtype like the blocks.
+    cdt = state.dtype
     z_tok = torch.linalg.vecdot(h.to(cdt), weight[ids].to(cdt))
     if bias is not None:
         z_tok += bias[ids].to(cdt)
     logp = z_tok.to(h.dtype).to(cdt).mul_(inv_t).sub_(shift)
     avg = None
     if want_average:
+        b_sum, c_sum = state[3], state[4]
         z2 = z_sum * z_sum
         avg = c_sum / z2 - (b_sum / z2) * (a_sum / z_sum)
     return logp, entropy, entropy_discriminator(logp, entropy), avg, shift
@@ -227,20 +238,10 @@ def _backward_kernel(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients w.r.t. ``(hidden, weight, bias)`` (None where not needed), one logits recompute per block."""
     n, hidden_size = h.shape
-    vocab = weight.shape[0]
-    cdt = _compute_dtype(h.dtype)
-    dev = h.device
-    floor = _X_FLOOR[cdt]
+    vocab, cdt, dev = weight.shape[0], compute_dtype(h), h.device
     need_h, need_w, need_b = needs
     need_b = need_b and bias is not None
-    # Per-row coefficients: dL/dz = p (a log p + b) + c e_k with a = -g_H / T, c = g_lp / T, b = a H - c.
-    a = b = c = None
-    if grad_h is not None:
-        a = grad_h.reshape(-1).to(cdt) * -inv_t
-        b = a * entropy
-    if grad_logp is not None:
-        c = grad_logp.reshape(-1).to(cdt) * inv_t
-        b = -c if b is None else b - c
+    a, b, c = _row_coefficients(entropy, grad_logp, grad_h, inv_t, cdt)
     gh = torch.zeros(n, hidden_size, dtype=cdt, device=dev) if need_h else None
     gw = torch.empty_like(weight) if need_w else None
     gb = torch.empty_like(bias) if need_b else None
@@ -248,69 +249,21 @@ def _backward_kernel(
         return gh.to(h.dtype) if need_h else None, gw.zero_() if need_w else None, gb.zero_() if need_b else None
     rows, cols = min(rows, n), min(cols, vocab)
     buf = _Buffers(rows, cols, h.dtype, cdt, dev, forward=False)
-    low = buf.mm is not None
-    gw_acc = torch.empty(cols, hidden_size, dtype=cdt, device=dev) if need_w else None
-    gb_acc = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
-    gb_tmp = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
-    gh_tmp = torch.empty(rows, hidden_size, dtype=h.dtype, device=dev) if (need_h and low) else None
-    gw_tmp = torch.empty(cols, hidden_size, dtype=h.dtype, device=dev) if (need_w and low) else None
+    acc = _ChunkAccumulators(cols, rows, hidden_size, h.dtype, cdt, dev, need_h, need_w, need_b, buf.mm is not None)
+    tokens = _TokenTerms(ids, c, h, vocab, cols, need_w) if c is not None and (need_w or need_b) else None
     neg_shift = shift.neg().unsqueeze(1)
-    if c is not None and (need_w or need_b):
-        # Rows grouped by sampled token, so each vocabulary chunk's e_k terms are one contiguous range.
-        order = torch.argsort(ids)
-        sorted_ids = ids[order]
-        starts = torch.arange(0, vocab + cols, cols, device=dev).clamp_(max=vocab)
-        bounds = torch.searchsorted(sorted_ids, starts).tolist()  # one host sync per backward
-        src = (c.unsqueeze(1) * h.to(cdt))[order] if need_w else None
-        c_sorted = c[order]
     for k, v0 in enumerate(range(0, vocab, cols)):
         v1 = min(v0 + cols, vocab)
-        wc = weight[v0:v1]
-        bc = None if bias is None else bias[v0:v1]
-        if need_w:
-            gwc = gw_acc[: v1 - v0].zero_()
-        if need_b:
-            gbc = gb_acc[: v1 - v0].zero_()
+        wc, bc = weight[v0:v1], None if bias is None else bias[v0:v1]
+        gwc, gbc = acc.start_chunk(v1 - v0)
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
-            r, cw = r1 - r0, v1 - v0
-            x, e = buf.x[:r, :cw], buf.e[:r, :cw]
             hb = h[r0:r1]
-            ns = neg_shift[r0:r1]
-            if low:
-                torch.add(ns, _block_logits(hb, wc, bc, out=buf.mm[:r, :cw]), alpha=inv_t, out=x)
-            else:
-                torch.add(ns, _block_logits(hb, wc, bc, out=x), alpha=inv_t, out=x)  # x = log p
-            x.clamp_(min=floor)  # same floor as the forward: p < 4e-18 there, no denormals
-            torch.exp(x, out=e)  # e = p
-            if a is not None:
-                # Three in-place passes beat one broadcasting addcmul by ~25% on CPU (measured).
-                x.mul_(a[r0:r1].unsqueeze(1)).add_(b[r0:r1].unsqueeze(1)).mul_(e)
-            else:
-                torch.mul(e, b[r0:r1].unsqueeze(1), out=x)
-            g = x  # dL/dz of the block without the e_k term
-            if low:
-                g = buf.mm[:r, :cw].copy_(x)
-            if need_h:
-                if low:
-                    gh[r0:r1].add_(torch.mm(g, wc, out=gh_tmp[:r]))
-                else:
-                    gh[r0:r1].addmm_(g, wc)
-            if need_w:
-                if low:
-                    gwc.add_(torch.mm(g.T, hb, out=gw_tmp[:cw]))
-                else:
-                    gwc.addmm_(g.T, hb)
-            if need_b:
-                gbc.add_(torch.sum(x, dim=0, out=gb_tmp[:cw]))
-        if c is not None and (need_w or need_b):
-            lo, hi = bounds[k], bounds[k + 1]
-            if hi > lo:
-                local = sorted_ids[lo:hi] - v0
-                if need_w:
-                    gwc.index_add_(0, local, src[lo:hi])
-                if need_b:
-                    gbc.index_add_(0, local, c_sorted[lo:hi])
+            g = _block_dlogits(hb, wc, bc, neg_shift[r0:r1], buf, inv_t, a, b, r0, r1)
+            g_exact = buf.x[: r1 - r0, : v1 - v0]
+            acc.add_block(g, g_exact, hb, wc, gh[r0:r1] if need_h else None, gwc, gbc)
+        if tokens is not None:
+            tokens.add_chunk(k, v0, gwc, gbc)
         if need_w:
             gw[v0:v1].copy_(gwc)
         if need_b:
@@ -320,6 +273,116 @@ def _backward_kernel(
             gh.addcmul_(c.unsqueeze(1), weight[ids].to(cdt))
         gh = gh.to(h.dtype)
     return gh, gw, gb
+
+
+def _row_coefficients(
+    entropy: Tensor, grad_logp: Tensor | None, grad_h: Tensor | None, inv_t: float, cdt: torch.dtype
+) -> tuple[Tensor | None, Tensor, Tensor | None]:
+    """Per-row ``(a, b, c)`` of ``dL/dz = p (a log p + b) + c e_k``.
+
+    ``a = -g_H / T``, ``c = g_lp / T``, ``b = a H - c`` (``a`` / ``c`` None when that output has no gradient).
+    """
+    a = b = c = None
+    if grad_h is not None:
+        a = grad_h.reshape(-1).to(cdt) * -inv_t
+        b = a * entropy
+    if grad_logp is not None:
+        c = grad_logp.reshape(-1).to(cdt) * inv_t
+        b = -c if b is None else b - c
+    return a, b, c
+
+
+def _block_dlogits(
+    hb: Tensor,
+    wc: Tensor,
+    bc: Tensor | None,
+    neg_shift: Tensor,
+    buf: _Buffers,
+    inv_t: float,
+    a: Tensor | None,
+    b: Tensor,
+    r0: int,
+    r1: int,
+) -> Tensor:
+    """``dL/dz`` of one recomputed logits block without the ``e_k`` term (in the matmul dtype)."""
+    r, cw = r1 - r0, wc.shape[0]
+    x, e = buf.x[:r, :cw], buf.e[:r, :cw]
+    low = buf.mm is not None
+    logits = _block_logits(hb, wc, bc, out=buf.mm[:r, :cw] if low else x)
+    torch.add(neg_shift, logits, alpha=inv_t, out=x)  # x = log p
+    x.clamp_(min=_X_FLOOR[x.dtype])  # same floor as the forward: p < 4e-18 there, no denormals
+    torch.exp(x, out=e)  # e = p
+    if a is not None:
+        # Three in-place passes beat one broadcasting addcmul by ~25% on CPU (measured).
+        x.mul_(a[r0:r1].unsqueeze(1)).add_(b[r0:r1].unsqueeze(1)).mul_(e)
+    else:
+        torch.mul(e, b[r0:r1].unsqueeze(1), out=x)
+    return buf.mm[:r, :cw].copy_(x) if low else x
+
+
+class _ChunkAccumulators:
+    """Preallocated gradient accumulators of one vocabulary chunk (weight / bias) and matmul scratch."""
+
+    def __init__(self, cols, rows, hidden_size, mm_dtype, cdt, dev, need_h, need_w, need_b, low) -> None:
+        self.gw = torch.empty(cols, hidden_size, dtype=cdt, device=dev) if need_w else None
+        self.gb = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
+        self.gb_tmp = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
+        self.gh_tmp = torch.empty(rows, hidden_size, dtype=mm_dtype, device=dev) if (need_h and low) else None
+        self.gw_tmp = torch.empty(cols, hidden_size, dtype=mm_dtype, device=dev) if (need_w and low) else None
+        self.low = low
+
+    def start_chunk(self, width: int) -> tuple[Tensor | None, Tensor | None]:
+        gw = None if self.gw is None else self.gw[:width].zero_()
+        gb = None if self.gb is None else self.gb[:width].zero_()
+        return gw, gb
+
+    def add_block(
+        self,
+        g: Tensor,
+        g_exact: Tensor,
+        hb: Tensor,
+        wc: Tensor,
+        gh: Tensor | None,
+        gw: Tensor | None,
+        gb: Tensor | None,
+    ) -> None:
+        """Add one block's ``g @ W_c`` to ``gh``, ``g.T @ h_b`` to ``gw`` and the column sums of ``g_exact`` (``g``
+        in the compute dtype) to ``gb``."""
+        r, cw = g.shape
+        if gh is not None:
+            if self.low:
+                gh.add_(torch.mm(g, wc, out=self.gh_tmp[:r]))
+            else:
+                gh.addmm_(g, wc)
+        if gw is not None:
+            if self.low:
+                gw.add_(torch.mm(g.T, hb, out=self.gw_tmp[:cw]))
+            else:
+                gw.addmm_(g.T, hb)
+        if gb is not None:
+            gb.add_(torch.sum(g_exact, dim=0, out=self.gb_tmp[:cw]))
+
+
+class _TokenTerms:
+    """The ``c e_k`` terms of ``dL/dz`` for the weight / bias gradients, rows grouped by sampled token so that
+    each vocabulary chunk's terms are one contiguous range."""
+
+    def __init__(self, ids: Tensor, c: Tensor, h: Tensor, vocab: int, cols: int, need_w: bool) -> None:
+        order = torch.argsort(ids)
+        self.sorted_ids = ids[order]
+        starts = torch.arange(0, vocab + cols, cols, device=ids.device).clamp_(max=vocab)
+        self.bounds = torch.searchsorted(self.sorted_ids, starts).tolist()  # one host sync per backward
+        self.src = (c.unsqueeze(1) * h.to(c.dtype))[order] if need_w else None
+        self.c_sorted = c[order]
+
+    def add_chunk(self, k: int, v0: int, gw: Tensor | None, gb: Tensor | None) -> None:
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        if hi > lo:
+            local = self.sorted_ids[lo:hi] - v0
+            if gw is not None:
+                gw.index_add_(0, local, self.src[lo:hi])
+            if gb is not None:
+                gb.index_add_(0, local, self.c_sorted[lo:hi])
 
 
 class _LinearEntropyStatsFn(torch.autograd.Function):

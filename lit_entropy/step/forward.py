@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import EntropyStats, entropy_stats
 from lit_entropy.functional.linear_entropy import linear_entropy_stats
-from lit_entropy.hidden_states import lm_head_params, response_hidden_states
+from lit_entropy.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
 
 __all__ = ["ResponseForward", "response_forward", "response_logits", "uses_fused_head", "value_estimates"]
@@ -36,18 +36,10 @@ def response_logits(
         response_len: ``T``.
         hidden: also return the hidden states at the same positions (for a value head).
     """
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     length = sequences.shape[1]
     # An index tensor (not a count) keeps the logits contiguous, so the vocabulary pass needs no strided views.
     keep = torch.arange(length - response_len - 1, length - 1, device=sequences.device)
-    out = model(
-        input_ids=sequences,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=keep,
-        output_hidden_states=hidden,
-        use_cache=False,
-    )
+    out = forward_with_positions(model, sequences, attention_mask, logits_to_keep=keep, hidden=hidden)
     return out.logits, (out.hidden_states[-1][:, keep] if hidden else None)
 
 

@@ -186,17 +186,16 @@ class RFTModule(LightningModule):
             rank_zero_warn("lit_entropy: no logger and model.logging.export_dir is null: the policy is not exported")
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
-        """One rollout batch: generate, score, make experience, callbacks, update, sync, log."""
-        timed = self.dashboard.timer  # perf/time_<phase>_s
-        with timed("generate"):
+        """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
+        with self.dashboard.timer("generate"):
             rollout = self.generate(batch, self.settings.sampling)
-        with timed("score"):
+        with self.dashboard.timer("score"):
             rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
-        with timed("statistics"):
+        with self.dashboard.timer("statistics"):
             experience = self.apply_token_callbacks(self.make_experience(rollout, rewards))
-        with timed("update"):
+        with self.dashboard.timer("update"):
             terms = self.update(experience)
-        with timed("sync"):
+        with self.dashboard.timer("sync"):
             self.rollout_engine.sync_weights(self.policy, self.global_step)
         self.log_step(batch, batch_idx, experience, completions, terms)
 
@@ -327,8 +326,7 @@ class RFTModule(LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset(dataset_classes(self._trainer))
 
-    def on_test_epoch_start(self) -> None:
-        self.evaluator.reset(dataset_classes(self._trainer))
+    on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
         self.evaluator.log_epoch_end(self, "val")

@@ -28,6 +28,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "num_sanity_val_steps": 0,
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        # No placeholder `hp_metric`: RFTModule's HParamsSummary declares val/avg@K and val/pass@k as the hp metrics.
         "init_args": {"save_dir": "runs", "name": "lit_entropy", "default_hp_metric": False},
     },
 }

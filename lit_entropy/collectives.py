@@ -18,6 +18,7 @@ from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_sco
 __all__ = [
     "all_gather_counts",
     "all_gather_equal",
+    "all_reduce_max",
     "all_reduce_sum",
     "global_top_k_cut",
     "is_distributed",
@@ -75,3 +76,10 @@ def global_top_k_cut(scores: Tensor, candidates: Tensor, k: int) -> TopKCut:
     rank = dist.get_rank() if is_distributed() else 0
     above = sum(c[0] for c in counts)
     return TopKCut(k, threshold, above, sum(c[1] for c in counts[:rank]))
+
+
+def all_reduce_max(tensor: Tensor) -> Tensor:
+    """Element-wise maximum of ``tensor`` over ranks in place (and return it); ``min`` is ``-max(-x)``."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor

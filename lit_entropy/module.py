@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from lit_entropy import protocol
 from lit_entropy.assets import default_model_path
-from lit_entropy.dashboard import TrainStepMetrics, log_samples, step_scalars
+from lit_entropy.dashboard import TrainDashboard, lightning_log_step, log_samples
 from lit_entropy.data.source import PromptSource
-from lit_entropy.evaluation import SampleEvaluator
+from lit_entropy.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.rewards import check_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
@@ -111,7 +111,7 @@ class RFTModule(LightningModule):
         self.policy = self.ref_model = self.critic = self.value_head = None
         self.tokenizer: Any = None
         loss, update, evaluation = self.settings.loss, self.settings.update, self.settings.evaluation
-        self.train_metrics = TrainStepMetrics(loss.clip_ratio_low, loss.clip_ratio_high)
+        self.dashboard = TrainDashboard(loss.clip_ratio_low, loss.clip_ratio_high)
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
         self.export_path: str | None = None
@@ -159,10 +159,11 @@ class RFTModule(LightningModule):
         return build_optimizer(params, self.settings.optim, total_steps)
 
     def configure_callbacks(self) -> list[Any]:
-        """RNG states in checkpoints, atomic checkpoint writes, a resumable checkpoint on Ctrl-C."""
+        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; console lines when not a TTY."""
         from lit_entropy.checkpointing import ResumableCheckpointing
+        from lit_entropy.reporting import ConsoleMetrics, HParamsSummary
 
-        return [ResumableCheckpointing()]
+        return [ResumableCheckpointing(), HParamsSummary(), ConsoleMetrics()]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The reference model is frozen and reloaded from disk: keep it out of checkpoints.
@@ -185,12 +186,17 @@ class RFTModule(LightningModule):
             rank_zero_warn("lit_entropy: no logger and model.logging.export_dir is null: the policy is not exported")
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
-        """One rollout batch: generate, score, make experience, callbacks, update, sync, log."""
-        rollout = self.generate(batch, self.settings.sampling)
-        rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
-        experience = self.apply_token_callbacks(self.make_experience(rollout, rewards))
-        terms = self.update(experience)
-        self.rollout_engine.sync_weights(self.policy, self.global_step)
+        """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
+        with self.dashboard.timer("generate"):
+            rollout = self.generate(batch, self.settings.sampling)
+        with self.dashboard.timer("score"):
+            rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
+        with self.dashboard.timer("statistics"):
+            experience = self.apply_token_callbacks(self.make_experience(rollout, rewards))
+        with self.dashboard.timer("update"):
+            terms = self.update(experience)
+        with self.dashboard.timer("sync"):
+            self.rollout_engine.sync_weights(self.policy, self.global_step)
         self.log_step(batch, batch_idx, experience, completions, terms)
 
     def generate(self, batch: Batch, sampling: SamplingConfig) -> RolloutBatch:
@@ -285,7 +291,7 @@ class RFTModule(LightningModule):
             forward = self.policy_forward(self.policy, rows.rollout, hidden=self.wants_hidden)
         values = None if self.value_head is None else self.values(rows.rollout, forward.hidden)
         out = update_loss(forward, rows, self.settings, normalizer=normalizer, values=values)
-        self.train_metrics.clip.update(out.ratio, rows.advantages, rows.loss_mask)
+        self.dashboard.clip.update(out.ratio, rows.advantages, rows.loss_mask)
         return out
 
     def loss_normalizer(self, mask: Tensor) -> float:
@@ -309,31 +315,24 @@ class RFTModule(LightningModule):
     def log_step(
         self, batch: Batch, batch_idx: int, experience: Experience, completions: list[str], terms: dict[str, float]
     ) -> None:
-        """Scalars of the step, the progress bar, and (every few steps) samples and the entropy histogram."""
-        self.train_metrics.entropy.update(experience.entropy, experience.response_mask)
-        logs = step_scalars(experience, self.settings.sampling.num_samples)
-        logs.update({f"train/{key}": torch.tensor(value) for key, value in terms.items()})
-        logs["train/lr"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
-        logs["train/skipped_updates"] = torch.tensor(float(self.skipped_updates.total))
-        logs["train/entropy_coef"] = torch.tensor(experience.coefficients["entropy_coef"])
-        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=len(batch["answers"]), sync_dist=True)
-        metrics = self.train_metrics.compute_and_reset()
-        self.log("train/entropy", metrics.pop("train/entropy"), on_step=True, prog_bar=True, batch_size=1)
-        self.log_dict(metrics, on_step=True, batch_size=1)
-        self.log("reward", logs["train/reward_mean"], prog_bar=True, logger=False, batch_size=1, sync_dist=True)
+        """Scalars of the step (:class:`~lit_entropy.dashboard.TrainDashboard`), the progress bar, and (every few
+        steps) whole sample groups and the entropy histogram, at the step Lightning writes the scalars at."""
+        self.dashboard.log_step(self, batch, experience, terms)
         every = self.settings.logging.log_samples_every_n_steps
         if every and batch_idx % every == 0 and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
-            n = self.settings.logging.num_logged_samples
-            log_samples(self.logger.experiment, self.global_step, experience, batch, completions, n)
+            n, step = self.settings.logging.num_logged_samples, lightning_log_step(self.trainer)
+            log_samples(self.logger.experiment, step, experience, batch, completions, n)
 
     def on_validation_epoch_start(self) -> None:
-        self.evaluator.reset()
+        self.evaluator.reset(dataset_classes(self._trainer))
 
-    def on_test_epoch_start(self) -> None:
-        self.evaluator.reset()
+    on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
-        self.evaluator.check_threshold()
+        self.evaluator.log_epoch_end(self, "val")
+
+    def on_test_epoch_end(self) -> None:
+        self.evaluator.log_epoch_end(self, "test")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self.evaluate(batch, "val")
@@ -346,11 +345,11 @@ class RFTModule(LightningModule):
         return self.settings.evaluation.sampling_config(self.settings.sampling)
 
     def evaluate(self, batch: Batch, prefix: str) -> None:
-        """Sample K completions per prompt and log Avg@K, Pass@k, reward and length under ``prefix``."""
+        """Sample K completions per prompt; log Avg@K, Pass@k, length (per class at epoch end) under ``prefix``."""
         sampling = self.evaluation_sampling()
         rollout = self.generate(batch, sampling)
         rewards, _ = self.score(batch, rollout, sampling.num_samples)
-        self.evaluator.update_and_log(self, prefix, rewards, rollout, sampling.num_samples)
+        self.evaluator.update_and_log(self, prefix, rewards, rollout, sampling.num_samples, batch.get("classes"))
 
     def token_mask_fields(self) -> frozenset[str]:
         """:class:`~lit_entropy.protocol.TokenMaskingModule`: every context field is filled on request."""

@@ -288,11 +288,14 @@ class SelectiveMask(Callback):
     def __init__(self, adv_sign: int, s_sign: int) -> None:
         super().__init__()
         self.adv_sign, self.s_sign = adv_sign, s_sign
+        self.kept_frac: list[float] = []  # share of response tokens kept, per rollout batch (one process)
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: Any) -> Tensor:
         adv_ok = context.advantages > 0 if self.adv_sign > 0 else context.advantages < 0
         s_ok = context.discriminator > 0 if self.s_sign > 0 else context.discriminator < 0
-        return context.mask & adv_ok & s_ok
+        keep = context.mask & adv_ok & s_ok
+        self.kept_frac.append(float(keep.sum()) / max(float(context.mask.sum()), 1.0))
+        return keep
 
 
 class ProbeEntropy(Callback):
@@ -383,19 +386,19 @@ def selective_masking(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     probe_batch = _train_batches(max(args.batch_prompts, 2) * 2, 123, 1)[0]
     for name, (adv_sign, s_sign, expected) in CONDITIONS.items():
-        probe = ProbeEntropy(probe_batch)
+        probe, selective = ProbeEntropy(probe_batch), SelectiveMask(adv_sign, s_sign)
         recorder, _ = _fit(
             args,
             0,
             args.mask_steps,
-            [SelectiveMask(adv_sign, s_sign), probe],
+            [selective, probe],
             False,
             1,
             sgd_lr=args.mask_sgd_lr,
             full_denominator=True,
         )
-        rollout_entropy = [row.get("train/entropy", math.nan) for row in recorder.train]
-        kept = [row.get("train/loss_token_frac", math.nan) for row in recorder.train]
+        rollout_entropy = [row.get("train/entropy/mean", math.nan) for row in recorder.train]
+        kept = selective.kept_frac
         entropy = probe.values
         slope = _slope(entropy)
         out[name] = {
@@ -443,9 +446,9 @@ def method_comparison(args: argparse.Namespace) -> dict[str, Any]:
                 {
                     "seed": seed,
                     "seconds": time.perf_counter() - start,
-                    "entropy": [row.get("train/entropy", math.nan) for row in recorder.train],
-                    "reward": [row.get("train/reward_mean", math.nan) for row in recorder.train],
-                    "masked_frac": [row.get("train/entropy_clip_frac", 0.0) for row in recorder.train],
+                    "entropy": [row.get("train/entropy/mean", math.nan) for row in recorder.train],
+                    "reward": [row.get("train/reward/mean", math.nan) for row in recorder.train],
+                    "masked_frac": [row.get("train/entropy_clip/frac", 0.0) for row in recorder.train],
                     "val": recorder.val,
                     "dynamics": monitor.history,
                     "agreement": monitor.num_agree / max(monitor.num_compared, 1),

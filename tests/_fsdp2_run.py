@@ -42,19 +42,21 @@ from lit_entropy.settings import (  # noqa: E402
 )
 
 COMPARED = (
-    "train/reward_mean",
-    "train/response_length",
-    "train/frac_reward_zero_std",
-    "train/pg_loss",
-    "train/kl",
-    "train/grad_norm",
-    "train/lr",
-    "train/entropy",
-    "train/clip_ratio",
-    "train/clip_ratio_low",
-    "train/clip_ratio_high",
-    "train/entropy_clip_frac",
-    "train/entropy_clip_frac_neg",
+    "train/reward/mean",
+    "train/length/mean",
+    "train/reward/frac_zero_std",
+    "train/advantage/std",
+    "train/loss/policy",
+    "train/loss/kl",
+    "train/optim/grad_norm",
+    "train/optim/lr",
+    "train/entropy/mean",
+    "train/entropy/kept",
+    "train/clip/ratio",
+    "train/clip/low",
+    "train/clip/high",
+    "train/entropy_clip/frac",
+    "train/entropy_clip/frac_neg",
 )
 
 

@@ -157,7 +157,7 @@ def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
     log_dir = tmp_path / "runs" / "clip_b_tiny" / "version_0"
     scalars = _scalars(log_dir)
     assert [step for step, _ in scalars["val/avg@8"]] == [0, 2], "validation before training, then after 3 steps"
-    for tag in ("train/reward_mean", "train/entropy", "train/clip_ratio", "train/entropy_clip_frac", "train/lr"):
+    for tag in ("train/reward/mean", "train/entropy/mean", "train/entropy_clip/frac", "perf/tokens_per_s"):
         assert len(scalars[tag]) == 3, tag
     assert (log_dir / "config.yaml").exists()
     checkpoints = sorted((log_dir / "checkpoints").glob("*.ckpt"))

@@ -156,6 +156,23 @@ def test_dapo_jsonl_chat_template_with_system_prompt(tmp_path: Path, dapo_jsonl:
     assert batch["input_ids"][0, 0].item() == PAD_ID and batch["attention_mask"][2].all()
 
 
+def test_class_key_reaches_the_batch_and_lists_the_validation_classes(tmp_path: Path) -> None:
+    rows = [dict(r, data_source=src) for r, src in zip(dapo_rows(), ["b", "a", "b"], strict=True)]
+    path = write_jsonl(tmp_path / "classes.jsonl", rows)
+    common = dict(train_dataset=path, val_dataset=path, answer_key="reward_model.ground_truth", batch_size=3)
+    common.update(apply_chat_template=True, shuffle=False)
+    dm = make_dm(tmp_path, make_tokenizer(), class_key="data_source", **common)
+    dm.setup("fit")
+    assert only_batch(dm.val_dataloader())["classes"] == ["b", "a", "b"]
+    assert dm.val_classes() == ["a", "b"]
+    plain = make_dm(tmp_path, make_tokenizer(), **common)
+    plain.setup("fit")
+    assert "classes" not in only_batch(plain.val_dataloader()) and plain.val_classes() is None
+    with pytest.raises(ValueError, match=r"class_key='source' is not a column"):
+        bad = make_dm(tmp_path, make_tokenizer(), class_key="source", **common)
+        bad.setup("fit")
+
+
 def test_dapo_parquet_train_aime_json_val_with_val_keys(tmp_path: Path, dapo_parquet: str, aime_json: str) -> None:
     dm = make_dm(
         tmp_path,

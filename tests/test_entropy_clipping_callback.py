@@ -213,9 +213,10 @@ def test_callback_inside_a_minimal_lightning_module(method):
     assert 0 < callback.num_masked < callback.num_tokens
     assert min(module.kept) < 1.0
     logged = trainer.callback_metrics
-    for name in ("train/entropy_clip_frac", "train/entropy_clip_frac_pos", "train/entropy_clip_frac_neg"):
+    for name in ("train/entropy_clip/frac", "train/entropy_clip/frac_neg", "train/entropy_clip/s_mean"):
         assert name in logged
-    assert float(logged["train/entropy_clip_frac_pos"]) == 0.0  # one-sided: A > 0 tokens are kept
+    assert "train/entropy_clip/frac_pos" not in logged  # one-sided: A > 0 tokens are never masked
+    assert "train/entropy_clip/nonfinite_frac" not in logged  # every S was finite
     if method == "clip_v":
         assert "train/entropy_clip/centred_s_mean" in logged
         assert callback.num_masked <= 4 * max(math.floor(0.05 * 32 * 6), 1)

@@ -409,14 +409,15 @@ def test_providers_compose_by_and_under_a_real_trainer():
     mask, _, penalty = module.seen[-1]
     n = float(mask.sum())
     logged = trainer.callback_metrics
-    assert float(logged["train/high_entropy_frac"]) == pytest.approx(float((mask & ~high.masks[-1]).sum()) / n)
-    assert float(logged["train/clip_cov_frac"]) == pytest.approx(float((mask & ~clip.masks[-1]).sum()) / n)
-    assert float(logged["train/kl_cov_frac"]) == pytest.approx(float((penalty > 0).sum()) / n)
-    assert float(logged["train/loss_token_frac"]) == pytest.approx(float(module.seen[-1][1].sum()) / n)
+    assert float(logged["train/high_entropy/frac"]) == pytest.approx(float((mask & ~high.masks[-1]).sum()) / n)
+    assert float(logged["train/clip_cov/frac"]) == pytest.approx(float((mask & ~clip.masks[-1]).sum()) / n)
+    assert float(logged["train/kl_cov/frac"]) == pytest.approx(float((penalty > 0).sum()) / n)
+    assert float(logged["train/mask/loss_token_frac"]) == pytest.approx(float(module.seen[-1][1].sum()) / n)
     # Entropy far below the 50-nat target: the coefficient rose by delta per rollout batch.
-    assert adaptive.coef == pytest.approx(0.03) and float(logged["train/entropy_coef"]) == pytest.approx(0.03)
-    assert float(logged["train/adaptive_entropy/coef"]) == pytest.approx(0.03)
-    assert float(logged["train/token_penalty"]) > 0  # second epoch: the policy moved, |log p - log p_old| > 0
-    # The monitor's batch entropy is the module's own train/entropy, computed independently.
-    assert monitor.history[-1]["train/dynamics/entropy"] == pytest.approx(float(logged["train/entropy"]), rel=1e-5)
+    assert adaptive.coef == pytest.approx(0.03) and float(logged["train/loss/entropy_coef"]) == pytest.approx(0.03)
+    assert "train/adaptive_entropy/coef" not in logged  # the module's train/loss/entropy_coef is that value
+    assert float(logged["train/loss/token_penalty"]) > 0  # second epoch: the policy moved, |log p - log p_old| > 0
+    # The monitor's batch entropy is the module's own train/entropy/mean, computed independently.
+    expected = float(logged["train/entropy/mean"])
+    assert monitor.history[-1]["train/dynamics/entropy"] == pytest.approx(expected, rel=1e-5)
     assert len(monitor.history) == 3 and "train/dynamics/agreement" in logged

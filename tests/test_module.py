@@ -115,27 +115,43 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     loss, update = extra.get("loss", LossConfig()), extra.get("update", UpdateConfig())
     tags = _logged_tags(trainer)
     expected = {
-        "train/reward_mean",
-        "train/entropy",
-        "train/clip_ratio",
-        "train/clip_ratio_low",
-        "train/clip_ratio_high",
-        "train/response_length",
-        "train/grad_norm",
-        "train/lr",
+        *(f"train/reward/{s}" for s in ("mean", "std", "frac_zero_std")),
+        *(f"train/advantage/{s}" for s in ("mean", "std", "min", "max")),
+        *(f"train/length/{s}" for s in ("mean", "min", "max", "truncated_frac")),
+        "train/entropy/mean",
+        "train/loss/policy",
+        "train/optim/grad_norm",
+        *(f"perf/{s}" for s in ("time_generate_s", "time_score_s", "time_statistics_s", "time_update_s")),
+        "perf/tokens_per_s",
+        "perf/peak_memory_mb",
+        "epoch",
         "val/avg@4",
-        "val/pass@1",
         "val/pass@2",
         "val/pass@4",
-        "train/token_entropy",
+        "val/length/mean",
+        "train/entropy/tokens",
+        "train/samples/text_summary",
     }
     if method:
-        expected |= {"train/entropy_clip_frac", "train/entropy_clip_frac_neg"}
+        expected |= {"train/entropy_clip/frac", "train/entropy_clip/frac_neg", "train/entropy_clip/s_mean"}
+        expected.add("train/entropy/kept")
+        if callbacks[0].num_masked:  # logged in the steps that masked a token
+            expected.add("train/entropy/masked")
+    if method == "clip_v":
+        expected.add("train/entropy_clip/centred_s_mean")
     if loss.kl_coef:
-        expected.add("train/kl")
+        expected.add("train/loss/kl")
+    if loss.entropy_coef:
+        expected.add("train/loss/entropy_bonus")
     if algorithm == "ppo":
-        expected.add("train/value_loss")
-    assert expected <= tags, expected - tags
+        expected.add("train/loss/value")
+    if update.epochs > 1 or update.mini_batch_size:  # more than one optimizer step per rollout batch
+        expected |= {"train/clip/ratio", "train/clip/low", "train/clip/high", "train/clip/approx_kl"}
+        if algorithm == "ppo":
+            expected.add("train/clip/value")
+    if "optim" in extra:  # cosine with warm-up: the LR changes
+        expected.add("train/optim/lr")
+    assert tags == expected, (expected - tags, tags - expected)
     assert trainer.global_step == 3 * update.epochs * (16 // (update.mini_batch_size or 16))
     for p in module.policy.parameters():
         assert torch.isfinite(p).all()

@@ -41,7 +41,7 @@ def test_example_fits_and_logs_the_metrics(example: dict[str, Any]) -> None:
     trainer = example["trainer"]
     assert trainer.global_step == 8
     logged = {name: value.item() for name, value in trainer.callback_metrics.items()}
-    for name in ("train/entropy", "train/clip/low", "train/clip/high", "train/clip/total", "train/entropy_clip_frac"):
+    for name in ("train/entropy", "train/clip/low", "train/clip/high", "train/clip/total", "train/entropy_clip/frac"):
         assert math.isfinite(logged[name]), name
     # The three ClipRatio outputs come from one compute group: low and high are disjoint.
     assert logged["train/clip/total"] == pytest.approx(logged["train/clip/low"] + logged["train/clip/high"])

@@ -103,7 +103,7 @@ def _assert_same_tail(rows: dict[int, dict[str, float]], reference: dict[int, di
 def test_stop_after_k_steps_and_resume_equals_the_uninterrupted_run(tiny_model_dir, tmp_path, uninterrupted):
     weights, reference, _ = uninterrupted
     # Sanity: the run is not trivial (rewards vary, the policy moved, prompts are shuffled).
-    assert any(row["train/reward_std"] > 0 for row in reference.values())
+    assert any(row["train/reward/std"] > 0 for row in reference.values())
     assert len({row["prompt_sum"] for row in reference.values()}) == BATCHES
 
     # Stop after k batches; the periodic checkpoint is written at the end of batch k (on_train_batch_end).

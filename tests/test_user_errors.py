@@ -332,7 +332,7 @@ def test_the_callback_logs_the_share_of_non_finite_tokens():
     keep = EntropyDiscriminatorClipping("clip_v", mu=1.0, max_frac=0.1).keep_mask(None, Module(), context)
     assert not keep[0, 1] and keep[bad].all()
     assert logged["train/entropy_clip/nonfinite_frac"] == pytest.approx(2 / int(mask.sum()))
-    assert math.isfinite(logged["train/entropy_clip/s_mean"]) and logged["train/entropy_clip_frac"] > 0
+    assert math.isfinite(logged["train/entropy_clip/s_mean"]) and logged["train/entropy_clip/frac"] > 0
 
 
 def test_a_callback_setting_the_chosen_rule_ignores_is_warned_about():

@@ -57,10 +57,10 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     )
     trainer.fit(module, data)
     metrics = trainer.callback_metrics
-    assert "train/reward_mean" in metrics
+    assert "train/reward/mean" in metrics
     # Both sides compute float32 log-probs of the same weights (vLLM's CPU default "auto" would run
     # bfloat16 and give gaps of ~4e-3): the gap is tiny but measured.
-    assert 0 <= float(metrics["train/rollout_logprob_gap_mean"]) < 1e-4
+    assert 0 <= float(metrics["train/rollout/logprob_gap_mean"]) < 1e-4
     assert not module.rollout_engine.started, "the engine the module started is closed at teardown"
 
     # The exported policy is what vLLM serves: a fresh engine on the export directory samples with

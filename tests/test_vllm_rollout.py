@@ -469,7 +469,7 @@ def test_short_fit_with_the_vllm_engine(engine, vllm_model_dir, tmp_path):
         )
         trainer.fit(module, data)
         metrics = (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
-        assert "train/reward_mean" in metrics.splitlines()[0]
+        assert "train/reward/mean" in metrics.splitlines()[0]
         assert trainer.global_step == 2
         # One push before the first generation, then one per optimizer step.
         assert rollout.num_weight_pushes == 1 + trainer.global_step

@@ -37,11 +37,12 @@ class EntropyDiscriminatorClipping(Callback):
     is Clip_V's cap (an exact top-k, ties broken by global token index), so a 2-process run masks
     exactly the tokens a 1-process run on the same global batch masks.
 
-    Logged per rollout batch (under ``log_prefix``): ``_frac`` (masked share of valid tokens),
-    ``_frac_pos`` / ``_frac_neg`` (of tokens with A > 0 / A < 0), ``/s_mean`` (batch mean of S),
-    ``/nonfinite_frac`` (share of valid tokens whose S or E_p[S] is NaN/inf: excluded from the
-    statistics and never masked, see :mod:`lit_entropy.functional.clipping`) and, when policy
-    averages are present, ``/centred_s_mean`` (batch mean of S - E_p[S]).
+    Logged per rollout batch (under ``log_prefix``): ``/frac`` (masked share of valid tokens),
+    ``/frac_neg`` (of tokens with A < 0), ``/frac_pos`` (of tokens with A > 0; only when ``symmetric``:
+    the one-sided rule never masks them), ``/s_mean`` (batch mean of S), ``/nonfinite_frac`` (share of
+    valid tokens whose S or E_p[S] is NaN/inf: excluded from the statistics and never masked, see
+    :mod:`lit_entropy.functional.clipping`; logged from the first batch that has one on) and, when
+    policy averages are present, ``/centred_s_mean`` (batch mean of S - E_p[S]).
 
     Args:
         method: ``"clip_b"`` (batch-normalised S) or ``"clip_v"`` (policy-centred, capped).
@@ -86,6 +87,7 @@ class EntropyDiscriminatorClipping(Callback):
         self.num_batches = 0
         self.num_tokens = 0
         self.num_masked = 0
+        self.seen_nonfinite = False  # log nonfinite_frac from the first batch with a non-finite S on
 
     @property
     def state_key(self) -> str:
@@ -167,13 +169,16 @@ class EntropyDiscriminatorClipping(Callback):
         log = getattr(pl_module, "log", None)
         if log is None or getattr(pl_module, "_trainer", None) is None:
             return
+        self.seen_nonfinite |= n_finite < n  # global counts: every rank agrees
         metrics = {
-            f"{self.log_prefix}_frac": n_masked / max(n, 1.0),
-            f"{self.log_prefix}_frac_pos": n_masked_pos / max(n_pos, 1.0),
-            f"{self.log_prefix}_frac_neg": n_masked_neg / max(n_neg, 1.0),
+            f"{self.log_prefix}/frac": n_masked / max(n, 1.0),
+            f"{self.log_prefix}/frac_neg": n_masked_neg / max(n_neg, 1.0),
             f"{self.log_prefix}/s_mean": reduced[7].item() / max(n_finite, 1.0),
-            f"{self.log_prefix}/nonfinite_frac": (n - n_finite) / max(n, 1.0),
         }
+        if self.symmetric:
+            metrics[f"{self.log_prefix}/frac_pos"] = n_masked_pos / max(n_pos, 1.0)
+        if self.seen_nonfinite:
+            metrics[f"{self.log_prefix}/nonfinite_frac"] = (n - n_finite) / max(n, 1.0)
         if context.policy_average is not None:
             metrics[f"{self.log_prefix}/centred_s_mean"] = reduced[8].item() / max(n_finite, 1.0)
         for name, value in metrics.items():

@@ -8,7 +8,7 @@ Each callback acts once per rollout batch, on every rank, with statistics of the
 - :class:`AdaptiveEntropyBonus`: steer the module's entropy-bonus coefficient toward a target entropy.
 
 Mask providers compose by AND (:func:`lit_entropy.protocol.collect_keep_mask`); each logs the share
-of valid tokens *it* masked under its own prefix (``<prefix>_frac``), so a composed run says which
+of valid tokens *it* masked under its own prefix (``<prefix>/frac``), so a composed run says which
 tool removed what. A masked token leaves the policy loss *and* the token-count denominator (and the
 module's entropy bonus, which uses the same loss mask).
 """
@@ -79,7 +79,7 @@ class _TokenCallback(Callback):
     def _count_and_log(
         self, pl_module: Any, mask: Tensor, selected: Tensor | None, extra: dict[str, float]
     ) -> dict[str, float]:
-        """All-reduce (valid, selected) counts, update the totals, log ``<prefix>_frac`` (unless
+        """All-reduce (valid, selected) counts, update the totals, log ``<prefix>/frac`` (unless
         ``selected`` is None, for observers) plus ``extra``."""
         picked = torch.zeros_like(mask) if selected is None else selected & mask
         counts = all_reduce_sum(torch.stack([mask.sum(), picked.sum()]).to(torch.float64))
@@ -87,7 +87,7 @@ class _TokenCallback(Callback):
         self.num_batches += 1
         self.num_tokens += int(n)
         self.num_selected += int(n_sel)
-        metrics = dict(extra) if selected is None else {f"{self.log_prefix}_frac": n_sel / max(n, 1.0), **extra}
+        metrics = dict(extra) if selected is None else {f"{self.log_prefix}/frac": n_sel / max(n, 1.0), **extra}
         _log(pl_module, metrics)
         return metrics
 
@@ -129,7 +129,7 @@ class ClipCov(_TokenCallback):
         clip_cov_lb: lower covariance bound (verl default 1.0).
         clip_cov_ub: upper covariance bound (verl default 5.0).
         seed: base seed of the selection.
-        log_prefix: logs ``<prefix>_frac`` (masked share) and ``<prefix>/candidate_frac``.
+        log_prefix: logs ``<prefix>/frac`` (masked share) and ``<prefix>/candidate_frac``.
     """
 
     required_fields = frozenset({"mask", "advantages", "old_logprobs"})
@@ -211,7 +211,7 @@ class KLCov(_TokenCallback):
         kl_cov_ratio: share of valid tokens penalised, in (0, 1]. Default 2e-3, the value of the
             authors' 7B recipe (``recipe/entropy/7b_kl_cov.sh``); verl's code falls back to 2e-4.
         ppo_kl_coef: the penalty weight (verl default 1.0).
-        log_prefix: logs ``<prefix>_frac`` (penalised share of valid tokens).
+        log_prefix: logs ``<prefix>/frac`` (penalised share of valid tokens).
     """
 
     required_fields = frozenset({"mask", "advantages", "old_logprobs"})
@@ -269,7 +269,7 @@ class HighEntropySelection(_TokenCallback):
 
     Args:
         rho: kept share in (0, 1] (0.2 in the paper; 1.0 keeps everything).
-        log_prefix: logs ``<prefix>_frac`` (masked share) and ``<prefix>/threshold`` (nats, the lowest
+        log_prefix: logs ``<prefix>/frac`` (masked share) and ``<prefix>/threshold`` (nats, the lowest
             kept entropy).
     """
 
@@ -311,7 +311,8 @@ class AdaptiveEntropyBonus(_TokenCallback):
         coef_delta: step of the coefficient per rollout batch (> 0).
         coef_min: lower clamp (>= 0).
         coef_max: upper clamp (>= coef_min).
-        log_prefix: logs ``<prefix>/coef`` and ``<prefix>/entropy``.
+        log_prefix: unused (kept for compatibility): RFTModule logs the coefficient as
+            ``train/loss/entropy_coef`` and the entropy it reacts to as ``train/entropy/mean``.
     """
 
     required_fields = frozenset({"mask", "entropy"})
@@ -363,9 +364,9 @@ class AdaptiveEntropyBonus(_TokenCallback):
         entropy = float(sums[1] / sums[0].clamp(min=1.0))
         coef = self.coef + self.coef_delta if entropy < self.entropy_target else self.coef - self.coef_delta
         self.coef = min(max(coef, self.coef_min), self.coef_max)
-        self._count_and_log(
-            pl_module, mask, None, {f"{self.log_prefix}/coef": self.coef, f"{self.log_prefix}/entropy": entropy}
-        )
+        # Nothing of its own to log: RFTModule logs the coefficient (train/loss/entropy_coef) and this very
+        # entropy (train/entropy/mean); self.coef is the value for other modules.
+        self._count_and_log(pl_module, mask, None, {})
         return {"entropy_coef": self.coef}
 
     def state_dict(self) -> dict[str, Any]:

@@ -39,23 +39,30 @@ class PromptDataset(Dataset):
         input_ids: Token ids of each rendered prompt (unpadded).
         prompts: Rendered prompt text (after template / chat template), one per row.
         answers: Ground-truth answer string, one per row.
+        classes: Class (or source) name of each row, for per-class validation metrics; None = no classes.
     """
 
-    def __init__(self, input_ids: list[list[int]], prompts: list[str], answers: list[str]) -> None:
-        if not len(input_ids) == len(prompts) == len(answers):
+    def __init__(
+        self, input_ids: list[list[int]], prompts: list[str], answers: list[str], classes: list[str] | None = None
+    ) -> None:
+        if not len(input_ids) == len(prompts) == len(answers) == len(answers if classes is None else classes):
             raise ValueError(
-                f"input_ids, prompts and answers must have equal lengths, got "
-                f"{len(input_ids)}, {len(prompts)}, {len(answers)}"
+                f"input_ids, prompts, answers (and classes) must have equal lengths, got "
+                f"{len(input_ids)}, {len(prompts)}, {len(answers)}" + ("" if classes is None else f", {len(classes)}")
             )
         self.input_ids = input_ids
         self.prompts = prompts
         self.answers = answers
+        self.classes = classes
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"input_ids": self.input_ids[index], "prompt": self.prompts[index], "answer": self.answers[index]}
+        row = {"input_ids": self.input_ids[index], "prompt": self.prompts[index], "answer": self.answers[index]}
+        if self.classes is not None:
+            row["class"] = self.classes[index]
+        return row
 
 
 class PromptCollator:
@@ -63,7 +70,8 @@ class PromptCollator:
 
     Returns a dict with ``input_ids`` ``[B, L]`` (int64, left-padded with ``pad_token_id``),
     ``attention_mask`` ``[B, L]`` (int64, 1 on real tokens), ``prompts`` (list of B str) and ``answers``
-    (list of B str); ``L`` is the longest prompt of the batch. Left padding keeps every prompt's last
+    (list of B str), plus ``classes`` (list of B str) when the rows have a ``class``; ``L`` is the longest
+    prompt of the batch. Left padding keeps every prompt's last
     token in the last column, which batched decoder-only generation needs.
 
     Args:
@@ -86,12 +94,15 @@ class PromptCollator:
             if ids:  # ``t[i, -0:]`` would address the whole row
                 input_ids[i, width - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
                 attention_mask[i, width - len(ids) :] = 1
-        return {
+        batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "prompts": [row["prompt"] for row in rows],
             "answers": [row["answer"] for row in rows],
         }
+        if "class" in rows[0]:
+            batch["classes"] = [row["class"] for row in rows]
+        return batch
 
 
 def _positive_int(name: str, value: Any, *, optional: bool = False) -> None:
@@ -151,6 +162,8 @@ class PromptDataModule(LightningDataModule):
         val_prompt_key: ``prompt_key`` for ``val_dataset`` when it differs (e.g. train on DAPO, validate
             on AIME); None reuses ``prompt_key``.
         val_answer_key: Likewise for ``answer_key``.
+        class_key: Field holding each prompt's class or source (e.g. ``"data_source"``); validation then also
+            logs ``val/avg@K/<class>`` per class. None = no breakdown. Not used with ``arithmetic``.
         apply_chat_template: Render prompts with the tokenizer's chat template.
         chat_template_kwargs: Extra variables for the chat template (as TRL's knob), e.g.
             ``{"enable_thinking": false}`` for Qwen3.
@@ -186,6 +199,7 @@ class PromptDataModule(LightningDataModule):
         answer_key: str = "answer",
         val_prompt_key: str | None = None,
         val_answer_key: str | None = None,
+        class_key: str | None = None,
         apply_chat_template: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
         system_prompt: str | None = None,
@@ -212,7 +226,11 @@ class PromptDataModule(LightningDataModule):
             _non_empty_str(name, value)
         for name, value in (("prompt_key", prompt_key), ("answer_key", answer_key)):
             _non_empty_str(name, value)
-        for name, value in (("val_prompt_key", val_prompt_key), ("val_answer_key", val_answer_key)):
+        for name, value in (
+            ("val_prompt_key", val_prompt_key),
+            ("val_answer_key", val_answer_key),
+            ("class_key", class_key),
+        ):
             _non_empty_str(name, value, optional=True)
         _non_empty_str("tokenizer_name_or_path", tokenizer_name_or_path, optional=True)
         _non_empty_str("cache_dir", cache_dir, optional=True)
@@ -260,6 +278,7 @@ class PromptDataModule(LightningDataModule):
         self.answer_key = answer_key
         self.val_prompt_key = val_prompt_key
         self.val_answer_key = val_answer_key
+        self.class_key = class_key
         self.apply_chat_template = apply_chat_template
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.system_prompt = system_prompt
@@ -452,6 +471,12 @@ class PromptDataModule(LightningDataModule):
         lengths = [len(ids) for data in (self.train_data, self.val_data) if data is not None for ids in data.input_ids]
         return max(lengths) if lengths else None
 
+    def val_classes(self) -> list[str] | None:
+        """Sorted class names of the validation prompts (``class_key``), or None without classes."""
+        data = self.val_data
+        classes = None if data is None else data.classes
+        return None if classes is None else sorted(set(classes))
+
     def prompts_per_step(self) -> int:
         """:class:`~lit_entropy.data.source.PromptSource`: prompts per training batch, per rank."""
         return self.batch_size
@@ -479,6 +504,9 @@ class PromptDataModule(LightningDataModule):
         raw_answers = _extract(table, answer_setting, answer_key, where)
         answers = [_answer_text(value, answer_setting, answer_key, row, where) for row, value in enumerate(raw_answers)]
         prompts = [self._render(value, prompt_setting, prompt_key, row, where) for row, value in enumerate(raw_prompts)]
+        classes = None
+        if self.class_key is not None and spec != ARITHMETIC_DATASET:
+            classes = [str(value) for value in _extract(table, "class_key", self.class_key, where)]
         # The chat template already holds the model's special tokens (e.g. BOS); don't add them twice.
         encoded = self.tokenizer(prompts, add_special_tokens=not self.apply_chat_template)["input_ids"]
         input_ids = [list(ids) for ids in encoded]
@@ -488,9 +516,10 @@ class PromptDataModule(LightningDataModule):
             input_ids = [input_ids[i] for i in keep]
             prompts = [prompts[i] for i in keep]
             answers = [answers[i] for i in keep]
+            classes = None if classes is None else [classes[i] for i in keep]
             if not keep:
                 raise ValueError(f"{where}: filter_overlong_prompts removed every prompt")
-        return PromptDataset(input_ids, prompts, answers)
+        return PromptDataset(input_ids, prompts, answers, classes)
 
     def _load_arithmetic(self, role: str) -> Any:
         import datasets

@@ -27,6 +27,21 @@ add noise.
 Example::
 
     python scripts/bench_step.py --steps 40 --warmup 3 --threads 1 --json bench_step.json
+
+Realistic shape (``--realistic``): a randomly initialised Qwen2-architecture model is built locally (no hub)
+with Qwen2.5's vocabulary of 151,936 tokens, hidden 256 (``--hidden-size``), head_dim 64, 2 layers, tied head,
+and a WordLevel character tokenizer padded with filler tokens to cover the vocabulary. Its completions are
+random, so the reward is a deterministic coin per completion (:func:`hashed_coin_reward`) to keep the groups'
+advantages non-zero. Every side (``grpo``, ``clip_v``, ``clip_b``, ``grpo_unfused`` = ``grpo`` with
+``model.policy.fused_lm_head=false``, ``trl``) runs in its own process (peak RSS is per process), one after
+another in an order rotated each round (``--rounds``) so slow drifts of the machine's load cancel. Reported:
+median s/step after warm-up (wall and CPU), generated tokens/s, the phase split of lit_entropy's step
+(generation, statistics pass = the policy forward that the single update reuses, update = backward +
+optimizer, other), peak RSS, ratios against TRL and the per-round paired overheads of Clip_V and Clip_B over
+GRPO with a t confidence interval. Phase timers wrap the module's public phase methods from this script.
+
+    python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
+        --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
 """
 
 from __future__ import annotations
@@ -36,12 +51,17 @@ import contextlib
 import io
 import json
 import logging
+import math
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +71,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # so ``bench_step:hashed_coin_reward`` resolves as a reward path
 
 __all__ = [
     "LIT_VARIANTS",
@@ -63,6 +84,9 @@ __all__ = [
     "prepare_trl",
     "summarize",
 ]
+
+#: Public phase methods of ``RFTModule.training_step`` timed per step (the rest of the step is "other").
+LIT_PHASES = ("generate", "score", "statistics_pass", "apply_token_callbacks", "update", "log_step")
 
 #: lit_entropy variants and their config files (identical but for the clipping callback).
 LIT_VARIANTS: dict[str, str] = {
@@ -80,6 +104,8 @@ class RunTimes:
     seconds: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     rollouts: list[int] = field(default_factory=list)  # completions per rollout, every step (warm-up included)
+    cpu_seconds: list[float] = field(default_factory=list)  # process CPU time per measured step
+    phases: list[dict[str, list[float]]] = field(default_factory=list)  # per measured step: phase -> [wall, cpu]
 
 
 @dataclass
@@ -97,6 +123,7 @@ class Settings:
     max_grad_norm: float
     num_train_examples: int
     seed: int
+    reward_fn: str = "exact_match"
 
 
 class Baton:
@@ -208,21 +235,43 @@ class _Recorder:
     def __init__(self, run: RunTimes, warmup: int, baton: Baton) -> None:
         self.run, self.warmup, self.baton = run, warmup, baton
         self.start = 0.0
+        self.cpu_start = 0.0
         self.tokens = 0
         self.index = 0
+        self.phases: dict[str, list[float]] = {}
 
     def begin(self) -> None:
         self.baton.take(self.run.name)
         self.tokens = 0
+        self.phases = {}
         self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def timed(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` accumulating its wall and process CPU seconds into this step's ``phase``."""
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc = self.phases.setdefault(phase, [0.0, 0.0])
+                acc[0] += time.perf_counter() - wall
+                acc[1] += time.process_time() - cpu
+
+        return wrapper
 
     def end(self) -> None:
         elapsed = time.perf_counter() - self.start
+        cpu = time.process_time() - self.cpu_start
         if len(self.run.rollouts) != self.index + 1:
             raise RuntimeError(f"{self.run.name}: step {self.index} ran {len(self.run.rollouts) - self.index} rollouts")
         if self.index >= self.warmup:
             self.run.seconds.append(elapsed)
             self.run.tokens.append(self.tokens)
+            self.run.cpu_seconds.append(cpu)
+            if self.phases:
+                self.run.phases.append(dict(self.phases))
         self.index += 1
 
 
@@ -243,6 +292,9 @@ def _lit_callback(recorder: _Recorder) -> Any:
                 return batch
 
             engine.generate = counting_generate
+            # Phase timers: instance attributes shadow the methods that training_step calls through self.
+            for phase in LIT_PHASES:
+                setattr(pl_module, phase, recorder.timed(phase, getattr(pl_module, phase)))
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             recorder.begin()
@@ -254,7 +306,13 @@ def _lit_callback(recorder: _Recorder) -> Any:
 
 
 def prepare_lit_entropy(
-    variant: str, settings: Settings, steps: int, warmup: int, baton: Baton, stack: contextlib.ExitStack
+    variant: str,
+    settings: Settings,
+    steps: int,
+    warmup: int,
+    baton: Baton,
+    stack: contextlib.ExitStack,
+    extra_overrides: tuple[str, ...] = (),
 ) -> tuple[RunTimes, Callable[[], None]]:
     """Build the variant's trainer (config + shared settings, no logger/checkpoints/validation); return the fit."""
     from lit_entropy.cli import cli_main
@@ -280,6 +338,8 @@ def prepare_lit_entropy(
         "--trainer.limit_val_batches=0",
         "--trainer.val_check_interval=1.0",  # the config's interval may exceed the batch count
         "--trainer.max_epochs=1",
+        f"--model.reward.fn={settings.reward_fn}",
+        *extra_overrides,
     ]
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it also sees this script's arguments
     try:
@@ -301,8 +361,9 @@ def prepare_trl(
     from trl import GRPOConfig, GRPOTrainer
 
     from lit_entropy.data.arithmetic import make_arithmetic_examples
-    from lit_entropy.rewards import exact_match_reward
+    from lit_entropy.rewards import resolve_reward_fn
 
+    reward_fn = resolve_reward_fn(settings.reward_fn)
     run = RunTimes("trl")
     recorder = _Recorder(run, warmup, baton)
 
@@ -310,7 +371,7 @@ def prepare_trl(
         # completion_ids are cut after the first EOS (EOS included), like lit_entropy's response mask.
         recorder.tokens += sum(len(ids) for ids in completion_ids)
         recorder.run.rollouts.append(len(completion_ids))
-        return exact_match_reward(completions, answer)
+        return [float(r) for r in reward_fn(completions, answer)]
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -438,6 +499,285 @@ def format_table(summary: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------- realistic shape
+#: Sides of ``--realistic``: lit_entropy variants (config, extra overrides) and TRL.
+REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "grpo": ("grpo", ()),
+    "clip_v": ("clip_v", ()),
+    "clip_b": ("clip_b", ()),
+    "grpo_unfused": ("grpo", ("--model.policy.fused_lm_head=false",)),
+    "trl": ("trl", ()),
+}
+
+#: Qwen2.5's vocabulary size.
+QWEN_VOCAB = 151_936
+
+
+def hashed_coin_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """0/1 per completion from a CRC32 of its text and answer: random-looking but deterministic.
+
+    A randomly initialised model never answers right, so exact match would give all-zero rewards, zero
+    advantages and skipped updates; this coin keeps every group's rewards varied on both frameworks.
+    """
+    return [float(zlib.crc32(f"{c}\x00{a}".encode()) & 1) for c, a in zip(completions, answers, strict=True)]
+
+
+def build_realistic_model(
+    out: Path, *, vocab_size: int = QWEN_VOCAB, hidden_size: int = 256, num_layers: int = 2, seed: int = 0
+) -> Path:
+    """Save a random Qwen2 (head_dim 64, tied head) and a character tokenizer covering ``vocab_size`` to ``out``.
+
+    Ids 0-3 are the special tokens and the arithmetic alphabet follows (as the shipped tiny model's), then
+    filler tokens ``<f{i}>`` up to ``vocab_size``; prompts are therefore tokenized exactly as with the tiny model.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from lit_entropy.data.arithmetic import ARITHMETIC_ALPHABET
+    from lit_entropy.data.char_tokenizer import CHAR_SPECIAL_TOKENS
+
+    if hidden_size % 64 or hidden_size < 64:
+        raise ValueError(f"--hidden-size must be a positive multiple of 64 (head_dim 64), got {hidden_size}")
+    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIAL_TOKENS)}
+    vocab.update({c: len(vocab) + i for i, c in enumerate(ARITHMETIC_ALPHABET)})
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size must be >= {len(vocab)}, got {vocab_size}")
+    vocab.update({f"<f{i}>": i for i in range(len(vocab), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=512,
+    )
+    heads = hidden_size // 64
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=2, eos_token_id=1, pad_token_id=0, do_sample=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _rss_peak_mib() -> float:
+    """This process's peak resident set size in MiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One side of ``--realistic`` in this process: train, then write its steps, phases and peak RSS."""
+    settings = _read_settings(args)
+    settings.reward_fn = "bench_step:hashed_coin_reward"
+    config, extra = REALISTIC_SIDES[args.worker]
+    baton = Baton(None)
+    with contextlib.ExitStack() as stack:
+        if not args.verbose:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            for name in ("lightning", "lightning.pytorch", "lightning.fabric", "transformers", "trl", "accelerate"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+        if config == "trl":
+            run, job = prepare_trl(settings, args.steps, args.warmup, baton, stack)
+        else:
+            run, job = prepare_lit_entropy(config, settings, args.steps, args.warmup, baton, stack, extra)
+        job()
+    run.name = args.worker
+    if len(run.seconds) != args.steps:
+        raise RuntimeError(f"{args.worker}: measured {len(run.seconds)} steps, expected {args.steps}")
+    result = {"run": asdict(run), "peak_rss_mib": _rss_peak_mib(), "settings": asdict(settings)}
+    args.json.write_text(json.dumps(result))
+    return result
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t confidence interval of ``values`` (needs >= 2 values)."""
+    if len(values) < 2:
+        raise ValueError(f"a confidence interval needs >= 2 values, got {len(values)}")
+    from scipy import stats  # noqa: PLC0415 - only the realistic summary needs it
+
+    mean = statistics.fmean(values)
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def summarize_realistic(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per side: medians over all rounds' measured steps, phase split, peak RSS, ratios; paired overheads.
+
+    ``rounds[r][side]`` is a worker's output. The overhead of ``clip_x`` in round r is
+    ``median_step(clip_x) / median_step(grpo) - 1`` (wall and CPU); its mean over rounds gets a t interval.
+    """
+    sides = list(rounds[0])
+    out: dict[str, Any] = {"sides": {}, "overheads": {}}
+    for side in sides:
+        secs = [s for r in rounds for s in r[side]["run"]["seconds"]]
+        cpus = [s for r in rounds for s in r[side]["run"]["cpu_seconds"]]
+        toks = [t for r in rounds for t in r[side]["run"]["tokens"]]
+        med = statistics.median(secs)
+        row = {
+            "steps": len(secs),
+            "s_per_step": med,
+            "cpu_s_per_step": statistics.median(cpus),
+            "tokens_per_step": statistics.fmean(toks),
+            "tokens_per_s": statistics.fmean(toks) / med,
+            "peak_rss_mib": max(r[side]["peak_rss_mib"] for r in rounds),
+        }
+        phases = [ph for r in rounds for ph in r[side]["run"]["phases"]]
+        if phases:
+            split = {}
+            for kind, i in (("wall", 0), ("cpu", 1)):
+                total = statistics.median(secs if i == 0 else cpus)
+                gen = statistics.median(ph.get("generate", [0, 0])[i] for ph in phases)
+                stat = statistics.median(ph.get("statistics_pass", [0, 0])[i] for ph in phases)
+                upd = statistics.median(ph.get("update", [0, 0])[i] for ph in phases)
+                cb = statistics.median(ph.get("apply_token_callbacks", [0, 0])[i] for ph in phases)
+                split[kind] = {
+                    "generation": gen,
+                    "statistics_pass": stat,
+                    "update": upd,
+                    "token_callbacks": cb,
+                    "other": total - gen - stat - upd - cb,
+                }
+            row["phases"] = split
+        out["sides"][side] = row
+    if "trl" in out["sides"]:
+        trl = out["sides"]["trl"]
+        for side, row in out["sides"].items():
+            if side != "trl":
+                row["step_vs_trl"] = row["s_per_step"] / trl["s_per_step"]
+                row["cpu_vs_trl"] = row["cpu_s_per_step"] / trl["cpu_s_per_step"]
+                row["rss_vs_trl"] = row["peak_rss_mib"] / trl["peak_rss_mib"]
+    if "grpo" in sides:
+        for side in ("clip_v", "clip_b", "grpo_unfused"):
+            if side not in sides:
+                continue
+            entry = {}
+            for key, field_name in (("wall", "seconds"), ("cpu", "cpu_seconds")):
+                per_round = [
+                    statistics.median(r[side]["run"][field_name]) / statistics.median(r["grpo"]["run"][field_name]) - 1
+                    for r in rounds
+                ]
+                entry[key] = {"rounds": per_round}
+                if len(per_round) >= 2:
+                    entry[key]["mean"], entry[key]["ci_low"], entry[key]["ci_high"] = t_interval(per_round)
+            out["overheads"][side] = entry
+    return out
+
+
+def format_realistic(summary: dict[str, Any]) -> str:
+    """Markdown tables of :func:`summarize_realistic`'s output."""
+    ratio = lambda row, key: f"{row[key]:.2f}x" if key in row else "-"  # noqa: E731
+    lines = [
+        "| side | steps | s/step (median) | CPU s/step | gen tokens/s | peak RSS MiB | s/step vs TRL "
+        "| CPU vs TRL | RSS vs TRL |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for side, row in summary["sides"].items():
+        lines.append(
+            f"| {side} | {row['steps']} | {row['s_per_step']:.2f} | {row['cpu_s_per_step']:.2f} "
+            f"| {row['tokens_per_s']:.1f} | {row['peak_rss_mib']:.0f} | {ratio(row, 'step_vs_trl')} "
+            f"| {ratio(row, 'cpu_vs_trl')} | {ratio(row, 'rss_vs_trl')} |"
+        )
+    lines += ["", "| side | clock | generation | statistics pass | update | token callbacks | other |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for side, row in summary["sides"].items():
+        for kind, split in row.get("phases", {}).items():
+            total = sum(split.values()) or 1.0
+            cells = " | ".join(f"{v:.2f} s ({100 * v / total:.0f}%)" for v in split.values())
+            lines.append(f"| {side} | {kind} | {cells} |")
+    if summary["overheads"]:
+        lines += ["", "| over grpo | clock | per round | mean [95% t CI] |", "|---|---|---|---|"]
+        for side, entry in summary["overheads"].items():
+            for kind, o in entry.items():
+                rounds = " / ".join(f"{100 * v:+.1f}%" for v in o["rounds"])
+                ci = (
+                    f"{100 * o['mean']:+.1f}% [{100 * o['ci_low']:+.1f}, {100 * o['ci_high']:+.1f}]"
+                    if "mean" in o
+                    else "-"
+                )
+                lines.append(f"| {side} | {kind} | {rounds} | {ci} |")
+    return "\n".join(lines)
+
+
+def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the model, run every side in its own process per round (rotated order), print the tables."""
+    sides = list(dict.fromkeys(args.sides))
+    trl_version = None
+    if "trl" in sides:
+        try:
+            import trl
+
+            trl_version = trl.__version__
+        except ImportError as err:
+            print(f"TRL is not installed ({err}): skipping the trl side (pip install trl accelerate)")
+            sides.remove("trl")
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = (
+            Path(args.model_dir)
+            if args.model_dir
+            else build_realistic_model(Path(tmp) / "model", vocab_size=args.vocab_size, hidden_size=args.hidden_size)
+        )
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for r in range(args.rounds):
+            order = sides[r % len(sides) :] + sides[: r % len(sides)]
+            results: dict[str, dict[str, Any]] = {}
+            for side in order:
+                out = Path(tmp) / f"{side}_{r}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--model-dir", str(model_dir)]
+                cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+                cmd += ["--batch-size", str(args.batch_size), "--group-size", str(args.group_size)]
+                cmd += ["--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                }
+                done = subprocess.run(cmd, env=env, capture_output=not args.verbose, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"side {side} round {r} failed:\n{(done.stderr or '')[-4000:]}")
+                results[side] = json.loads(out.read_text())
+                print(
+                    f"round {r} {side}: median {statistics.median(results[side]['run']['seconds']):.2f} s/step, "
+                    f"peak RSS {results[side]['peak_rss_mib']:.0f} MiB",
+                    flush=True,
+                )
+            rounds.append({side: results[side] for side in sides})
+    summary = summarize_realistic(rounds)
+    load = os.getloadavg()
+    print(
+        f"realistic shape: vocab {args.vocab_size}, hidden {args.hidden_size}, 2 layers, head_dim 64, tied head, "
+        f"fp32 CPU; {args.batch_size} prompts x group {args.group_size}, {args.max_new_tokens} new tokens; "
+        f"rounds={args.rounds}, "
+        f"warmup={args.warmup}, steps={args.steps}, threads={args.threads}; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, trl {trl_version}; "
+        f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}"
+    )
+    print(format_realistic(summary))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"summary": summary, "rounds": rounds, "trl_version": trl_version}, indent=2))
+    return summary
+
+
 # ---------------------------------------------------------------------------------------------- main
 def _run_all(jobs: dict[str, Callable[[], None]], baton: Baton, threads: int) -> None:
     """Run the jobs: in threads sharing ``baton`` when it is enabled, else one after another."""
@@ -482,8 +822,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None, help="completion limit (default: the config's)")
     p.add_argument("--json", type=Path, default=None, help="write per-step times and the summary here")
     p.add_argument("--verbose", action="store_true", help="keep the frameworks' own output")
+    p.add_argument("--realistic", action="store_true", help="Qwen2.5-vocabulary model, one process per side and round")
+    p.add_argument("--rounds", type=int, default=3, help="--realistic: rounds, side order rotated each round")
+    p.add_argument("--sides", nargs="+", default=list(REALISTIC_SIDES), choices=list(REALISTIC_SIDES))
+    p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
+    p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
+    p.add_argument("--worker", default=None, choices=list(REALISTIC_SIDES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("steps", "threads"):
+    for name in ("steps", "threads", "rounds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -499,6 +845,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     """Run the benchmark, print the settings and the table, return the summary."""
     args = _parse(argv)
     torch.set_num_threads(args.threads)
+    if args.worker is not None:
+        return run_worker(args)
+    if args.realistic:
+        for name, default in (("batch_size", 4), ("group_size", 8), ("max_new_tokens", 64)):
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        return main_realistic(args)
     settings = _read_settings(args)
     trl_version = None
     if not args.skip_trl:

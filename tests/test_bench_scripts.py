@@ -122,3 +122,68 @@ def test_tiny_lit_entropy_run_prints_the_table(bench, tmp_path, capsys):
     v = sorted(saved["runs"]["clip_v"]["seconds"])
     assert summary["clip_v"]["step_vs_grpo"] == pytest.approx((v[0] + v[1]) / (g[0] + g[1]))
     assert "trl" not in summary
+
+
+def test_hashed_coin_reward_is_a_deterministic_crc_coin(bench):
+    import zlib
+
+    completions, answers = ["12", "<f9><f10>", "", "7"], ["3", "4", "5", "7"]
+    expected = [float(zlib.crc32(f"{c}\x00{a}".encode()) % 2) for c, a in zip(completions, answers, strict=True)]
+    assert bench.hashed_coin_reward(completions, answers) == expected
+    many = bench.hashed_coin_reward([str(i) for i in range(200)], ["0"] * 200)
+    assert 60 < sum(many) < 140  # both outcomes occur: groups get non-zero advantages
+
+
+def test_realistic_summary_against_hand_computed_figures(bench):
+    def side(seconds, cpu, rss, phases=()):
+        return {
+            "run": {"seconds": seconds, "cpu_seconds": cpu, "tokens": [10] * len(seconds), "phases": list(phases)},
+            "peak_rss_mib": rss,
+        }
+
+    ph = {"generate": [1.0, 0.25], "statistics_pass": [0.5, 0.5], "update": [0.25, 0.125]}
+    rounds = [
+        {
+            "grpo": side([2.0, 2.0], [1.0, 1.0], 100, [ph, ph]),
+            "clip_v": side([2.2, 2.2], [1.1, 1.1], 110),
+            "trl": side([4.0, 4.0], [4.0, 4.0], 200),
+        },
+        {
+            "grpo": side([2.0, 2.0], [1.0, 1.0], 120, [ph, ph]),
+            "clip_v": side([2.4, 2.4], [1.0, 1.0], 100),
+            "trl": side([5.0, 5.0], [4.0, 4.0], 150),
+        },
+    ]
+    out = bench.summarize_realistic(rounds)
+    g = out["sides"]["grpo"]
+    assert g["s_per_step"] == 2.0 and g["peak_rss_mib"] == 120 and g["tokens_per_s"] == pytest.approx(5.0)
+    assert g["step_vs_trl"] == pytest.approx(2.0 / 4.5) and g["rss_vs_trl"] == pytest.approx(120 / 200)
+    # other = median step - named phases: wall 2 - 1 - 0.5 - 0.25, CPU 1 - 0.25 - 0.5 - 0.125.
+    assert g["phases"]["wall"]["other"] == pytest.approx(0.25) and g["phases"]["cpu"]["other"] == pytest.approx(0.125)
+    v = out["overheads"]["clip_v"]["wall"]
+    assert v["rounds"] == pytest.approx([0.1, 0.2])
+    # t interval, 1 degree of freedom: mean 0.15 +- 12.706 * std(0.1, 0.2)/sqrt(2) = 0.15 +- 12.706 * 0.05.
+    assert v["mean"] == pytest.approx(0.15) and v["ci_high"] == pytest.approx(0.15 + 12.7062 * 0.05, rel=1e-4)
+    assert out["overheads"]["clip_v"]["cpu"]["rounds"] == pytest.approx([0.1, 0.0])
+    assert "| clip_v | wall | +10.0% / +20.0% |" in bench.format_realistic(out)
+
+
+@pytest.mark.slow
+def test_realistic_flag_runs_every_lit_side_in_its_own_process(bench, tmp_path, capsys):
+    out_json = tmp_path / "realistic.json"
+    args = ["--realistic", "--vocab-size", "300", "--hidden-size", "64", "--rounds", "2", "--warmup", "1"]
+    args += ["--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "3", "--threads", "1"]
+    args += ["--sides", "grpo", "clip_v", "grpo_unfused", "--json", str(out_json)]
+    summary = bench.main(args)
+    printed = capsys.readouterr().out
+    assert "realistic shape: vocab 300, hidden 64" in printed
+    saved = json.loads(out_json.read_text())
+    assert [list(r) for r in saved["rounds"]] == [["grpo", "clip_v", "grpo_unfused"]] * 2
+    for r in saved["rounds"]:
+        for result in r.values():
+            run = result["run"]
+            assert run["rollouts"] == [4, 4] and len(run["seconds"]) == 1 and result["peak_rss_mib"] > 50
+            assert set(run["phases"][0]) >= {"generate", "statistics_pass", "update"}
+            assert all(1 <= t <= 12 for t in run["tokens"])
+    assert set(summary["overheads"]) == {"clip_v", "grpo_unfused"}
+    assert len(summary["overheads"]["clip_v"]["wall"]["rounds"]) == 2

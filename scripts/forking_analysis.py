@@ -14,15 +14,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
-from lit_entropy.functional.pass_at_k import pass_at_k_per_prompt
 
 __all__ = ["analyze", "paired_bootstrap", "per_prompt_metric"]
 
 WEIGHTS = {"forking": dict(zip(STRATEGIES, CLASS_PROBS, strict=True)), "chain": {"chain": 1.0}}
-KS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _settings():
@@ -32,13 +29,12 @@ def _settings():
 
 
 def per_prompt_metric(df: pd.DataFrame, metric: str) -> np.ndarray:
-    """``avg`` (c / n) or ``pass@k`` per row, float64."""
-    c = torch.tensor(df["c"].to_numpy(), dtype=torch.long)
-    n = torch.tensor(df["n"].to_numpy(), dtype=torch.long)
+    """``avg`` (= p, the probability that one sample is the correct response) or ``pass@k`` = 1 - (1 - p)^k per row."""
+    p = np.exp(df["logp"].to_numpy(dtype=np.float64))
     if metric == "avg":
-        return (c.double() / n.double()).numpy()
+        return p
     k = int(metric.split("@")[1])
-    return pass_at_k_per_prompt(c, n, k).numpy()
+    return -np.expm1(k * np.log1p(-np.minimum(p, 1.0 - 1e-16)))
 
 
 def _weighted(values: np.ndarray, classes: np.ndarray, weights: dict[str, float]) -> float:
@@ -83,29 +79,24 @@ def _endpoint_frames(ev: pd.DataFrame, fs: Any) -> dict[str, pd.DataFrame]:
     return {"last": at_t[at_t["step"] == last], "mean_over_evals": at_t[at_t["step"] > 0]}
 
 
-def _summaries(ev: pd.DataFrame) -> pd.DataFrame:
+def _summaries(ev: pd.DataFrame, fs: Any) -> pd.DataFrame:
     """Class-weighted and per-class avg@K and pass@k per run, step and temperature."""
     rows = []
     for key, g in ev.groupby(["task", "base", "method", "seed", "step", "temperature"], sort=True):
         classes = g["class"].to_numpy()
         weights = WEIGHTS[key[0]]
         rec = dict(zip(["task", "base", "method", "seed", "step", "temperature"], key, strict=True))
-        metrics = ["avg"] + [f"pass@{k}" for k in KS if k <= g["n"].min()] + (["pass@256"] if g["n"].min() >= 256 else [])
-        for m in metrics:
-            rare = [c for c in ("C", "D") if c in weights]
-            sub = g[g["n"] >= int(m.split("@")[1])] if m.startswith("pass@") else g
-            vals = per_prompt_metric(sub, m)
-            cls_sub = sub["class"].to_numpy()
-            if m == "pass@256" or len(sub) < len(g):
-                for cls in rare:
-                    if (cls_sub == cls).any():
-                        rec[f"{m}_{cls}"] = float(vals[cls_sub == cls].mean())
-                continue
+        for m in ["avg"] + [f"pass@{k}" for k in fs.KS]:
+            vals = per_prompt_metric(g, m)
             rec[f"{m}_w"] = _weighted(vals, classes, weights)
             rec[f"{m}_macro"] = float(np.mean([vals[classes == c].mean() for c in weights if (classes == c).any()]))
             for cls in weights:
                 if (classes == cls).any():
                     rec[f"{m}_{cls}"] = float(vals[classes == cls].mean())
+        first = np.exp(g["logp_first"].to_numpy(dtype=np.float64))
+        for cls in weights:
+            if (classes == cls).any():
+                rec[f"p_strategy_{cls}"] = float(first[classes == cls].mean())
         rows.append(rec)
     return pd.DataFrame(rows)
 
@@ -116,12 +107,14 @@ def analyze(out: Path) -> dict[str, Any]:
     out = Path(out)
     ev = pd.read_csv(out / "eval.csv")
     tr = pd.read_csv(out / "train.csv") if (out / "train.csv").exists() else pd.DataFrame()
-    summ = _summaries(ev)
+    summ = _summaries(ev, fs)
     summ.to_csv(out / "metrics_by_run.csv", index=False, float_format="%.5g")
-    result: dict[str, Any] = {"primary": f"test pass@{fs.PRIMARY_K} and avg@{fs.PRIMARY_K}, T={fs.PRIMARY_T}, "
-                              "class-weighted; last step and mean over evaluations after step 0"}
+    result: dict[str, Any] = {
+        "primary": f"test pass@{fs.PRIMARY_K} and avg@{fs.PRIMARY_K}, T={fs.PRIMARY_T}, "
+        "class-weighted; last step and mean over evaluations after step 0"
+    }
     # A smoke study draws fewer samples than the endpoint's k; fall back to the largest k it has.
-    k_primary = min(fs.PRIMARY_K, int(ev["n"].min()))
+    k_primary = fs.PRIMARY_K
     pk = f"pass@{k_primary}"
     result["k_primary"] = k_primary
 
@@ -207,12 +200,16 @@ def _markdown(result: dict[str, Any], summ: pd.DataFrame, fs: Any) -> str:
     ]
     for r in result["phenomenon"]:
         lines.append(
-            f"| {r['task']} | {r['base']} | {r['method']} | {r['seeds']} | {r['base_avg']:.3f} -> {r['avg_mean']:.3f} | "
+            f"| {r['task']} | {r['base']} | {r['method']} | {r['seeds']} | "
+            f"{r['base_avg']:.3f} -> {r['avg_mean']:.3f} | "
             f"{r['base_pass']:.3f} -> {r['pass_mean']:.3f} | {r['base_pass_D']:.3f} -> {r['pass_D_mean']:.3f} | "
             f"{r['avg_up']}/{r['seeds']} | {r['pass_down']}/{r['seeds']} |"
         )
     lines += ["", "## Paired differences against GRPO (mean over seeds, 95 % bootstrap over seeds and prompts)", ""]
-    lines += ["| task | base | method | endpoint | metric | seeds | diff | interval |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| task | base | method | endpoint | metric | seeds | diff | interval |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["paired_vs_grpo"]:
         mark = " *" if r["excludes_zero"] else ""
         lines.append(
@@ -270,7 +267,7 @@ def _plots(out: Path, summ: pd.DataFrame, tr: pd.DataFrame, paired: pd.DataFrame
                     g = last[(last["method"] == m) & np.isclose(last["temperature"], temp)]
                     if g.empty:
                         continue
-                    ks = [k for k in (*KS, 256) if f"pass@{k}_{cls}" in g and g[f"pass@{k}_{cls}"].notna().any()]
+                    ks = list(fs.KS)
                     ax.plot(ks, [g[f"pass@{k}_{cls}"].mean() for k in ks], marker=".", color=colors[m], label=m)
                 ax.set(xscale="log", title=f"class {cls}, T={temp}", xlabel="k")
         axes[0, 0].set_ylabel("pass@k (test, last step)")

@@ -5,13 +5,18 @@ right, and does Clip_B (arXiv 2602.03392, mu = 2.5) prevent it better than contr
 number of negative gradients at random, add an entropy bonus, or raise the upper ratio clip?
 
 Each run trains one method (``configs/forking/base.yaml`` + ``configs/forking/<method>.yaml``) from one base
-model (``scripts/forking/models/``, built by ``scripts/make_forking_models.py``) with one RL seed, evaluates
-on the stratified **test** split (per class; samples drawn with a fixed seed, so methods share the noise),
-and writes ``<out>/runs/<run>/{eval,train}.csv`` and a ``done`` marker: finished runs are skipped, so the
-study resumes where it stopped. ``--collect`` concatenates the runs into the two tidy tables
-``<out>/eval.csv`` (one row per run, evaluation step, temperature and prompt: samples ``n``, correct ``c``)
-and ``<out>/train.csv`` (one row per run and training step); ``--analyze`` reads only those two tables and
-writes ``summary.json``, ``summary.md`` and the plots.
+model (``scripts/forking/models/``, built by ``scripts/make_forking_models.py``) with one RL seed and evaluates
+the policy on the stratified **test** split (16 prompts per class) every ``EVAL_EVERY`` steps at T = 1.0 and 0.7.
+Every prompt has exactly one correct response, so the evaluation scores it by teacher forcing: with p its
+probability under sampling at temperature T, one sample is correct with probability p, avg@K has expectation p
+and pass@k = 1 - (1 - p)^k exactly, for any k (1..64, and 256 for the rare classes): the quantities the usual
+K-sample estimators estimate, without their sampling noise, at the cost of one forward pass. Each run writes
+``<out>/runs/<run>/{eval,train}.csv`` and a ``done`` marker; finished runs (in ``runs/`` or already in the
+collected tables) are skipped, so the study resumes where it stopped. ``--collect`` merges the runs into the two
+tidy tables ``<out>/eval.csv`` (one row per run, step, temperature and prompt: log-probability of the correct
+response and of its first token) and ``<out>/train.csv`` (one row per run and training step: entropy and masked
+share of the strategy token and of the rest, reward); ``--analyze`` reads only those two tables and writes
+``summary.json``, ``summary.md``, ``metrics_by_run.csv`` and the plots.
 
     python scripts/forking_study.py --grid priority --out scripts/forking/results   # GRPO, Clip_B, random mask
     python scripts/forking_study.py --grid full --out scripts/forking/results       # all methods + neutral task
@@ -61,12 +66,10 @@ FORK_BASES = ("fork-s0", "fork-s1")
 NEUTRAL_BASE = "chain"
 NEUTRAL_METHODS = ("grpo", "clip_b", "random_mask", "clip_v_rescaled", "entropy_bonus", "clip_higher")
 SEEDS = (0, 1, 2, 3, 4)
-STEPS = 150
-EVAL_EVERY = 50
+STEPS = 100
+EVAL_EVERY = 10
 TEMPERATURES = (1.0, 0.7)
-K_MAIN = 64  # pass@k for k = 1..64 on every class
-K_RARE = 256  # and up to 256 on the rare classes, at the last step and at step 0 (base)
-RARE_CLASSES = ("C", "D")
+KS = (1, 2, 4, 8, 16, 32, 64, 256)  # pass@k reported; 256 matters for the rare classes C and D
 PRIMARY_K = 64
 PRIMARY_T = 1.0
 BOOTSTRAP = 2000
@@ -155,70 +158,63 @@ def load_rows(task: str, split: str) -> list[dict[str, str]]:
 
 
 @torch.no_grad()
-def sample_correct(
-    policy: Any, tokenizer: Any, rows: list[dict[str, str]], samples: int, temperature: float, seed: int
-) -> list[int]:
-    """Correct completions out of ``samples`` per prompt; sampling is seeded and leaves the global RNG as it was."""
-    from lit_entropy.data.forking import reward
+def correct_logprob(
+    policy: Any, tokenizer: Any, rows: list[dict[str, str]], temperature: float
+) -> tuple[list[float], list[float]]:
+    """Log-probability, under sampling at ``temperature``, of each prompt's unique correct response (then ``<eos>``),
+    and of its first token (the strategy choice). Teacher forcing, one forward pass; float64 sums.
 
+    Every task here has exactly one correct response, so with p = exp(logp) a sample is correct with probability
+    p: avg@K has expectation p and pass@k equals 1 - (1 - p)^k exactly, for any k. This replaces the Monte-Carlo
+    estimate from K samples (same expectation, no sampling noise, ~1000x cheaper).
+    """
     was_training = policy.training
     policy.eval()
-    max_new = max(len(r["answer"]) for r in rows) + 2
-    correct = []
-    chunk = max(1, 2048 // samples)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            enc = tokenizer([r["prompt"] for r in part], return_tensors="pt", padding=True, add_special_tokens=False)
-            out = policy.generate(
-                input_ids=enc["input_ids"].repeat_interleave(samples, 0),
-                attention_mask=enc["attention_mask"].repeat_interleave(samples, 0),
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_new,
-                use_cache=True,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            scores = reward(texts, [r["answer"] for r in part for _ in range(samples)])
-            correct += [int(sum(scores[i * samples : (i + 1) * samples])) for i in range(len(part))]
+    eos = tokenizer.eos_token_id
+    seqs, starts = [], []
+    for r in rows:
+        p = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        a = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [eos]
+        seqs.append(p + a)
+        starts.append(len(p))
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):  # right padding: positions start at 0 for every row
+        ids[i, : len(seq)] = torch.tensor(seq)
+        att[i, : len(seq)] = 1
+    logits = policy(input_ids=ids, attention_mask=att, use_cache=False).logits.double() / temperature
+    logp_all = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    total, first = [], []
+    for i, (seq, start) in enumerate(zip(seqs, starts, strict=True)):
+        # logits at position t predict token t + 1: the response tokens are start .. len(seq) - 1
+        lp = logp_all[i, start - 1 : len(seq) - 1]
+        total.append(float(lp.sum()))
+        first.append(float(lp[0]))
     policy.train(was_training)
-    return correct
+    return total, first
 
 
-def evaluate(policy: Any, tokenizer: Any, run: Run, step: int, final: bool, smoke: bool) -> list[dict[str, Any]]:
+def evaluate(policy: Any, tokenizer: Any, run: Run, step: int, smoke: bool) -> list[dict[str, Any]]:
     """Tidy rows (one per prompt and temperature) of one evaluation on the test split."""
     rows = load_rows(run.task, "test")
     if smoke:
         rows = rows[:: max(1, len(rows) // 8)][:8]
-    temps = TEMPERATURES if final else (PRIMARY_T,)
     out = []
-    for temp in temps:
-        for rare in (False, True):
-            part = [r for r in rows if (r["class"] in RARE_CLASSES) == rare]
-            if not part:
-                continue
-            samples = K_RARE if (rare and final) else K_MAIN
-            if smoke:
-                samples = 4
-            # Same sampling seed for every method and RL seed at a given step: common random numbers.
-            correct = sample_correct(policy, tokenizer, part, samples, temp, seed=10_000 + step)
-            for r, c in zip(part, correct, strict=True):
-                out.append(
-                    {
-                        **_run_cols(run),
-                        "step": step,
-                        "temperature": temp,
-                        "prompt": r["prompt"],
-                        "class": r["class"],
-                        "n": samples,
-                        "c": c,
-                    }
-                )
+    for temp in TEMPERATURES:
+        logp, logp_first = correct_logprob(policy, tokenizer, rows, temp)
+        for r, lp, lf in zip(rows, logp, logp_first, strict=True):
+            out.append(
+                {
+                    **_run_cols(run),
+                    "step": step,
+                    "temperature": temp,
+                    "prompt": r["prompt"],
+                    "class": r["class"],
+                    "logp": f"{lp:.6g}",
+                    "logp_first": f"{lf:.6g}",
+                }
+            )
     return out
 
 
@@ -279,8 +275,7 @@ def make_recorder(run: Run, eval_steps: set[int], smoke: bool):
                 }
             )
             if step in eval_steps:
-                final = step == max(eval_steps)
-                self.eval_rows += evaluate(pl_module.policy, pl_module.tokenizer, run, step, final, smoke)
+                self.eval_rows += evaluate(pl_module.policy, pl_module.tokenizer, run, step, smoke)
 
     return StudyRecorder()
 
@@ -312,25 +307,39 @@ def evaluate_base(task: str, base: str, run_dir: Path, smoke: bool) -> None:
     tokenizer.padding_side = "left"
     run = Run(task, base, "base", -1, 0)
     t0 = time.perf_counter()
-    rows = evaluate(policy, tokenizer, run, 0, final=True, smoke=smoke)
+    rows = evaluate(policy, tokenizer, run, 0, smoke=smoke)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_csv(run_dir / "eval.csv", rows)
     (run_dir / "done").write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 1), "steps": 0}) + "\n")
 
 
+def _run_key(row: dict[str, Any]) -> str:
+    return f"{row['task']}__{row['base']}__{row['method']}__s{row['seed']}"
+
+
+def tabled_runs(out: Path) -> set[str]:
+    """Runs already in the collected ``eval.csv`` (a fresh checkout has the tables but no ``runs/``)."""
+    path = out / "eval.csv"
+    if not path.exists():
+        return set()
+    with path.open() as f:
+        return {_run_key(row) for row in csv.DictReader(f)}
+
+
 def execute(args: argparse.Namespace) -> None:
     runs = grid(args)
     index, count = (int(x) for x in args.shard.split("/"))
+    done = tabled_runs(args.out)
     bases = sorted({(r.task, r.base) for r in runs})
     for task, base in bases:
         run_dir = args.out / "runs" / f"{task}__{base}__base__s-1"
-        if not (run_dir / "done").exists():
+        if not (run_dir / "done").exists() and run_dir.name not in done:
             evaluate_base(task, base, run_dir, args.smoke)
     for i, run in enumerate(runs):
         if i % count != index:
             continue
         run_dir = args.out / "runs" / run.name
-        if (run_dir / "done").exists():
+        if (run_dir / "done").exists() or run.name in done:
             continue
         t0 = time.perf_counter()
         train_one(run, run_dir, args.smoke)
@@ -338,20 +347,27 @@ def execute(args: argparse.Namespace) -> None:
 
 
 def collect(out: Path) -> None:
-    """Concatenate every finished run into ``eval.csv`` and ``train.csv`` (sorted, so the files are stable)."""
+    """Merge every finished run under ``runs/`` into ``eval.csv`` and ``train.csv`` (rows of runs that are only in
+    the existing tables are kept), sorted by run so the files are stable."""
+    finished = sorted(d for d in (out / "runs").glob("*") if (d / "done").exists())
+    fresh = {d.name for d in finished}
     for table in ("eval", "train"):
-        rows: list[dict[str, str]] = []
-        for run_dir in sorted((out / "runs").glob("*")):
-            path = run_dir / f"{table}.csv"
-            if (run_dir / "done").exists() and path.exists():
-                with path.open() as f:
-                    rows += list(csv.DictReader(f))
-        _write_csv(out / f"{table}.csv", rows)
-    seconds = {}
-    for run_dir in sorted((out / "runs").glob("*")):
-        if (run_dir / "done").exists():
-            seconds[run_dir.name] = json.loads((run_dir / "done").read_text())["seconds"]
-    (out / "run_seconds.json").write_text(json.dumps(seconds, indent=1, sort_keys=True) + "\n")
+        rows: dict[str, list[dict[str, str]]] = {}
+        if (out / f"{table}.csv").exists():
+            with (out / f"{table}.csv").open() as f:
+                for row in csv.DictReader(f):
+                    if _run_key(row) not in fresh:
+                        rows.setdefault(_run_key(row), []).append(row)
+        for run_dir in finished:
+            if (run_dir / f"{table}.csv").exists():
+                with (run_dir / f"{table}.csv").open() as f:
+                    rows[run_dir.name] = list(csv.DictReader(f))
+        _write_csv(out / f"{table}.csv", [row for key in sorted(rows) for row in rows[key]])
+    seconds_path = out / "run_seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.exists() else {}
+    for run_dir in finished:
+        seconds[run_dir.name] = json.loads((run_dir / "done").read_text())["seconds"]
+    seconds_path.write_text(json.dumps(seconds, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,8 +44,12 @@ ROOT = Path(__file__).resolve().parent / "forking"
 FORK_SEEDS = (0, 1)
 # RL data: the train split is drawn from the task distribution (70/20/8/2); test is stratified so that
 # every class has enough prompts for per-class pass@k.
-FORK_SPLITS = {"train": {"n": 4096}, "validation": {"class_counts": (16, 16, 16, 16)}, "test": {"class_counts": (32,) * 4}}
-CHAIN_SPLITS = {"train": 4096, "validation": 64, "test": 128}
+FORK_SPLITS = {
+    "train": {"n": 4096},
+    "validation": {"class_counts": (16, 16, 16, 16)},
+    "test": {"class_counts": (16,) * 4},
+}
+CHAIN_SPLITS = {"train": 4096, "validation": 64, "test": 64}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,9 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--max-steps", type=int, default=500)
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--exec-target", type=float, default=0.97, help="forking: stop at this execution accuracy")
+    p.add_argument("--exec-target", type=float, default=0.95, help="forking: stop at this execution accuracy")
     p.add_argument("--chain-target", type=float, default=0.35, help="chain: stop at this sampled accuracy")
     return p.parse_args(argv)
 
@@ -128,7 +132,10 @@ def sample(model, tokenizer, prompts: list[str], *, temperature: float, seed: in
 def fork_stats(rows: list[dict[str, str]], texts: list[str]) -> dict[str, float]:
     """Execution accuracy (response = its own strategy executed), task accuracy and strategy frequencies."""
     n = len(texts)
-    executed = sum(bool(t) and t[0] in STRATEGIES and t == apply_strategy(t[0], r["prompt"][1:-1]) for r, t in zip(rows, texts, strict=True))
+    executed = sum(
+        bool(t) and t[0] in STRATEGIES and t == apply_strategy(t[0], r["prompt"][1:-1])
+        for r, t in zip(rows, texts, strict=True)
+    )
     right = sum(t == apply_strategy(r["class"], r["prompt"][1:-1]) for r, t in zip(rows, texts, strict=True))
     stats = {"exec_acc": executed / n, "task_acc": right / n}
     for s in STRATEGIES:
@@ -141,7 +148,10 @@ def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, 
     model = build_model(tokenizer, seed)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    # Warm-up, then linear decay to 10% at max_steps: a constant rate leaves execution accuracy oscillating.
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / 100, 1.0 - 0.9 * min(s / args.max_steps, 1.0))
+    )
     rng = random.Random(seed)
     order: list[int] = []
     is_fork = name.startswith("fork")
@@ -176,7 +186,13 @@ def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, 
     tokenizer.save_pretrained(out)
     for f in out.iterdir():  # safetensors writes 0600
         f.chmod(0o644)
-    report = {"name": name, "seed": seed, "params": params, "sft_steps": step, "seconds": round(time.perf_counter() - t0, 1)}
+    report = {
+        "name": name,
+        "seed": seed,
+        "params": params,
+        "sft_steps": step,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     report.update({f"val_{k}": round(v, 4) for k, v in stats.items()})
     report["size_bytes"] = sum(f.stat().st_size for f in out.iterdir())
     (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -51,7 +51,9 @@ def test_forking_rows_consistent_and_long_tailed():
 
 
 def test_splits_disjoint_and_stratified():
-    sets = {s: {r["prompt"][1:] for r in make_forking_examples(s, 3000, seed=0)} for s in ("train", "validation", "test")}
+    sets = {
+        s: {r["prompt"][1:] for r in make_forking_examples(s, 3000, seed=0)} for s in ("train", "validation", "test")
+    }
     assert not sets["train"] & sets["validation"] and not sets["train"] & sets["test"]
     assert not sets["validation"] & sets["test"]
     test = make_forking_examples("test", 1, seed=0, class_counts=(2, 0, 1, 3))

@@ -185,10 +185,29 @@ def analyze(out: Path) -> dict[str, Any]:
         result["train_means"] = (
             tr.groupby(["task", "base", "method"])[cols].mean().reset_index().to_dict(orient="records")
         )
+    result["compact"] = _compact(summ, paired, fs, pk)
     (out / "summary.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     (out / "summary.md").write_text(_markdown(result, summ, fs))
     _plots(out, summ, tr, pd.DataFrame(paired), fs)
     return result
+
+
+def _compact(summ: pd.DataFrame, paired: list[dict[str, Any]], fs: Any, pk: str) -> list[dict[str, Any]]:
+    """One row per task, base and method: last-step means over seeds and the paired last-step differences."""
+    rows = []
+    at_t = summ[np.isclose(summ["temperature"], fs.PRIMARY_T)]
+    last = at_t[at_t["step"] == at_t.groupby(["task", "base", "method", "seed"])["step"].transform("max")]
+    for (task, base, method), g in last.groupby(["task", "base", "method"]):
+        rec = {"task": task, "base": base, "method": method, "seeds": int(len(g))}
+        rec["avg"] = float(g["avg_w"].mean())
+        rec["pass"] = float(g[f"{pk}_w"].mean())
+        rec["pass_sd"] = float(g[f"{pk}_w"].std()) if len(g) > 1 else float("nan")
+        for r in paired:
+            if (r["task"], r["base"], r["method"], r["endpoint"]) == (task, base, method, "last"):
+                key = "d_pass" if r["metric"] == pk else "d_avg"
+                rec[key] = (r["diff"], r["lo"], r["hi"])
+        rows.append(rec)
+    return rows
 
 
 def _markdown(result: dict[str, Any], summ: pd.DataFrame, fs: Any) -> str:
@@ -217,6 +236,34 @@ def _markdown(result: dict[str, Any], summ: pd.DataFrame, fs: Any) -> str:
             f"{r['diff']:+.4f}{mark} | [{r['lo']:+.4f}, {r['hi']:+.4f}] |"
         )
     lines += ["", "`*`: the interval excludes zero.", ""]
+    fmt = lambda d: f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]" if d else "-"  # noqa: E731
+    lines += [
+        f"## Compact table (T={fs.PRIMARY_T}, last step, class-weighted; differences paired by seed, 95 % bootstrap)",
+        "",
+        f"| task | base | method | seeds | avg@64 | {pk} (sd over seeds) | {pk} - GRPO | avg@64 - GRPO |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["compact"]:
+        lines.append(
+            f"| {r['task']} | {r['base']} | {r['method']} | {r['seeds']} | {r['avg']:.3f} | {r['pass']:.3f} "
+            f"({r['pass_sd']:.3f}) | {fmt(r.get('d_pass'))} | {fmt(r.get('d_avg'))} |"
+        )
+    lines.append("")
+    if result.get("train_means"):
+        lines += [
+            "## Training: entropy and masked share by token role (mean over steps and seeds)",
+            "",
+            "| task | base | method | entropy strategy token | entropy rest | masked strategy | masked rest "
+            "| masked among A<0 strategy | masked among A<0 rest |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["train_means"]:
+            lines.append(
+                f"| {r['task']} | {r['base']} | {r['method']} | {r['entropy_strategy']:.4f} | {r['entropy_rest']:.4f} "
+                f"| {r['masked_strategy']:.4f} | {r['masked_rest']:.5f} | {r['masked_neg_strategy']:.4f} "
+                f"| {r['masked_neg_rest']:.5f} |"
+            )
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -251,6 +298,7 @@ def _plots(out: Path, summ: pd.DataFrame, tr: pd.DataFrame, paired: pd.DataFrame
         axes[2].set_xticks(x, means.index, rotation=30, fontsize=8)
         axes[2].set(title="masked share by token role (mean over steps)", yscale="symlog", ylabel="share")
         axes[2].set_yscale("symlog", linthresh=1e-4)
+        axes[2].set_ylim(0, 1.5)
         axes[2].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "entropy_and_masking.png", dpi=90)

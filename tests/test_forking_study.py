@@ -72,3 +72,71 @@ def test_smoke_study_runs_and_resumes(tmp_path):
     done = sorted(p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*/done"))
     study.main(["--smoke", "--out", str(tmp_path)])
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*/done")) == done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_exact_correct_probability_matches_sampling(temperature):
+    """Teacher-forced p(correct response) against the share of correct samples (independent Monte-Carlo reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lit_entropy.data.forking import reward
+
+    study = _load("forking_study")
+    path = study.MODELS_DIR / "fork-s0"
+    if not (path / "model.safetensors").exists():
+        pytest.fail(f"base model missing: {path}; run python scripts/make_forking_models.py")
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    rows = [r for r in study.load_rows("forking", "test") if r["class"] in "AB"][:2]
+    logp, _ = study.correct_logprob(policy, tokenizer, rows, temperature)
+    n = 400
+    for row, lp in zip(rows, logp, strict=True):
+        enc = tokenizer([row["prompt"]] * n, return_tensors="pt", add_special_tokens=False)
+        out = policy.generate(
+            **enc,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=31,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        share = sum(reward(texts, [row["answer"]] * n)) / n
+        p = float(torch.tensor(lp).exp())
+        assert abs(share - p) < 4 * (p * (1 - p) / n) ** 0.5 + 1e-3, (row["prompt"], share, p)
+
+
+def test_every_method_config_instantiates(tmp_path, monkeypatch):
+    """base.yaml + each overlay (+ neutral.yaml) parses into the intended module and callbacks (no weights loaded)."""
+    from lit_entropy.callbacks import EntropyDiscriminatorClipping, RandomNegativeMasking
+    from lit_entropy.cli import cli_main
+
+    monkeypatch.chdir(tmp_path)
+    study = _load("forking_study")
+    for method in study.METHODS:
+        for task, base in (("forking", "fork-s0"), ("chain", "chain")):
+            run = study.Run(task, base, method, 3, 7)
+            cli = cli_main(study.cli_args(run, tmp_path / run.name, False), run=False)
+            hp = cli.model.hparams
+            assert cli.trainer.max_steps == 7 and cli.datamodule.seed == 3 and cli.model.policy is None
+            assert hp.reward_fn == "lit_entropy.data.forking:reward" and hp.kl_coef == 0 and hp.temperature == 1.0
+            assert hp.max_new_tokens == (31 if task == "forking" else 17)
+            assert cli.datamodule.train_dataset.endswith(f"{task}/train.jsonl")
+            masks = [cb for cb in cli.trainer.callbacks if isinstance(cb, EntropyDiscriminatorClipping)]
+            randoms = [cb for cb in cli.trainer.callbacks if isinstance(cb, RandomNegativeMasking)]
+            expected = {
+                "clip_b": [("clip_b", 2.5, None)],
+                "clip_v": [("clip_v", 8.5, 1e-4)],
+                "clip_v_rescaled": [("clip_v", 8.5, 0.025)],
+            }.get(method, [])
+            got = [(cb.method, cb.mu, cb.max_frac if cb.method == "clip_v" else None) for cb in masks]
+            assert got == expected
+            assert [cb.mu for cb in randoms] == ([2.5] if method == "random_mask" else [])
+            assert hp.clip_ratio_high == (0.28 if method == "clip_higher" else 0.2)
+            assert (hp.entropy_coef > 0) == (method == "entropy_bonus")

@@ -10,14 +10,18 @@ contract, in the order a training step runs:
 3. It multiplies its loss mask by the returned keep mask for all update epochs of that batch: a
    masked token leaves the policy loss *and* the token-count denominator.
 
-The module declares what it can fill in with ``token_mask_fields()`` (see
-:class:`TokenMaskingModule`); providers declare what they need in ``required_fields`` and check
-it at ``setup``. This module imports only torch, so a user's own LightningModule can implement
-the protocol without pulling in transformers or vLLM.
+The module declares what it can fill in with ``token_mask_fields()`` and which requests it makes
+per rollout batch with ``token_requests()`` (see :class:`TokenMaskingModule`); providers declare what
+they need in ``required_fields`` and check both at ``setup``, so a provider whose module never asks
+for it fails before training instead of silently doing nothing. Besides keep masks, a module may ask
+for per-token penalties (:class:`TokenPenaltyProvider`, KL-Cov) and per-batch loss coefficients
+(:class:`LossCoefficientProvider`, an adaptive entropy bonus). This module imports only torch, so a
+user's own LightningModule can implement the protocol without pulling in transformers or vLLM.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +29,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "TOKEN_REQUESTS",
+    "LossCoefficientProvider",
     "TokenMaskContext",
     "TokenMaskProvider",
     "TokenMaskObserver",
@@ -32,12 +38,21 @@ __all__ = [
     "TokenPenaltyProvider",
     "check_token_masking_module",
     "collect_keep_mask",
+    "collect_loss_coefficients",
     "collect_token_penalty",
     "required_token_mask_fields",
+    "loss_coefficient_providers",
+    "module_token_requests",
     "token_mask_observers",
     "token_mask_providers",
     "token_penalty_providers",
+    "updates_per_rollout_batch",
 ]
+
+
+TOKEN_REQUESTS: tuple[str, ...] = ("keep_mask", "token_penalty", "loss_coefficients")
+"""What a module can ask its callbacks for once per rollout batch: :func:`collect_keep_mask`,
+:func:`collect_token_penalty`, :func:`collect_loss_coefficients`."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,17 @@ class TokenPenaltyProvider(Protocol):
 
 
 @runtime_checkable
+class LossCoefficientProvider(Protocol):
+    """A callback that sets loss coefficients for one rollout batch (e.g. an adaptive entropy bonus)."""
+
+    required_fields: frozenset[str]
+
+    def loss_coefficients(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> dict[str, float]:
+        """Return ``{name: value}`` for names the module lists in ``loss_coefficients()``. Called on every rank."""
+        ...
+
+
+@runtime_checkable
 class TokenMaskObserver(Protocol):
     """A callback that reads the batch together with the final keep mask (e.g. a diagnostic)."""
 
@@ -118,11 +144,30 @@ class TokenMaskingModule(Protocol):
         """The :class:`TokenMaskContext` fields this module can fill in (``mask`` and ``advantages`` always)."""
         ...
 
+    # Optional, read with getattr: token_requests() -> frozenset of TOKEN_REQUESTS the module makes per rollout
+    # batch (default {"keep_mask"}); loss_coefficients() -> {name: current value} it lets callbacks set;
+    # updates_per_rollout_batch() -> optimizer steps per rollout batch (default 1).
 
-def check_token_masking_module(pl_module: Any, required_fields: frozenset[str], who: str) -> None:
+
+def module_token_requests(pl_module: Any) -> frozenset[str]:
+    """The requests ``pl_module`` makes per rollout batch (``{"keep_mask"}`` when it does not say)."""
+    requests = getattr(pl_module, "token_requests", None)
+    return frozenset(requests()) if callable(requests) else frozenset({"keep_mask"})
+
+
+def updates_per_rollout_batch(pl_module: Any) -> int:
+    """Optimizer steps ``pl_module`` takes per rollout batch (1 when it does not say)."""
+    updates = getattr(pl_module, "updates_per_rollout_batch", None)
+    return int(updates()) if callable(updates) else 1
+
+
+def check_token_masking_module(
+    pl_module: Any, required_fields: frozenset[str], who: str, request: str = "keep_mask"
+) -> None:
     """Raise a TypeError naming what ``pl_module`` lacks for a provider ``who`` that reads ``required_fields``.
 
-    Providers call it at ``setup``, so a module that cannot serve them fails before training starts.
+    Providers call it at ``setup``, so a module that cannot serve them, or never asks for ``request``
+    (one of :data:`TOKEN_REQUESTS`), fails before training starts.
     """
     name = type(pl_module).__name__
     fields_fn = getattr(pl_module, "token_mask_fields", None)
@@ -131,6 +176,12 @@ def check_token_masking_module(pl_module: Any, required_fields: frozenset[str], 
             f"{who} needs {name} to implement lit_entropy.protocol.TokenMaskingModule: a method "
             "token_mask_fields() and a call to lit_entropy.protocol.collect_keep_mask(...) (and "
             f"collect_token_penalty(...)) once per rollout batch; {name} has no token_mask_fields()"
+        )
+    requests = module_token_requests(pl_module)
+    if request not in requests:
+        raise TypeError(
+            f"{who} provides {request!r} but {name} never asks for it (its token_requests() are {sorted(requests)}): "
+            f"it would silently do nothing; remove the callback or use a module that calls collect_{request}(...)"
         )
     missing = sorted(frozenset(required_fields) - frozenset(fields_fn()))
     if missing:
@@ -151,6 +202,11 @@ def token_penalty_providers(trainer: Any) -> list[TokenPenaltyProvider]:
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenPenaltyProvider)]
 
 
+def loss_coefficient_providers(trainer: Any) -> list[LossCoefficientProvider]:
+    """The trainer's callbacks that implement :class:`LossCoefficientProvider`, in callback order."""
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, LossCoefficientProvider)]
+
+
 def token_mask_observers(trainer: Any) -> list[TokenMaskObserver]:
     """The trainer's callbacks that implement :class:`TokenMaskObserver`, in callback order."""
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenMaskObserver)]
@@ -159,7 +215,13 @@ def token_mask_observers(trainer: Any) -> list[TokenMaskObserver]:
 def required_token_mask_fields(trainer: Any) -> frozenset[str]:
     """Union of the fields all providers need: tells the module what its no-grad pass must compute."""
     needed: frozenset[str] = frozenset()
-    for provider in [*token_mask_providers(trainer), *token_penalty_providers(trainer), *token_mask_observers(trainer)]:
+    providers = [
+        *token_mask_providers(trainer),
+        *token_penalty_providers(trainer),
+        *loss_coefficient_providers(trainer),
+        *token_mask_observers(trainer),
+    ]
+    for provider in providers:
         needed |= frozenset(provider.required_fields)
     return needed
 
@@ -199,3 +261,24 @@ def collect_token_penalty(trainer: Any, pl_module: Any, context: TokenMaskContex
             )
         total = coef.float() if total is None else total + coef.float()
     return total
+
+
+def collect_loss_coefficients(trainer: Any, pl_module: Any, context: TokenMaskContext) -> dict[str, float]:
+    """Every coefficient provider's ``{name: value}`` for this batch, later providers winning. Call on every rank.
+
+    Raises:
+        ValueError: a provider returned a name the module does not list in ``loss_coefficients()``, or a
+            non-finite value.
+    """
+    known = getattr(pl_module, "loss_coefficients", None)
+    allowed = frozenset(known()) if callable(known) else frozenset()
+    out: dict[str, float] = {}
+    for provider in loss_coefficient_providers(trainer):
+        for key, value in provider.loss_coefficients(trainer, pl_module, context).items():
+            if key not in allowed or not math.isfinite(float(value)):
+                raise ValueError(
+                    f"{type(provider).__name__}.loss_coefficients returned {key}={value!r}; "
+                    f"{type(pl_module).__name__} accepts finite values for {sorted(allowed)}"
+                )
+            out[key] = float(value)
+    return out

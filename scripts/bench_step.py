@@ -188,15 +188,15 @@ def _read_settings(args: argparse.Namespace) -> Settings:
     cfg = yaml.safe_load((REPO / LIT_VARIANTS["grpo"]).read_text())
     model, data = cfg["model"], cfg["data"]
     return Settings(
-        model_dir=args.model_dir or model["model_name_or_path"] or default_model_path(),
+        model_dir=args.model_dir or model["policy"]["model_name_or_path"] or default_model_path(),
         batch_size=args.batch_size or data["batch_size"],
-        group_size=args.group_size or model["group_size"],
-        max_new_tokens=args.max_new_tokens or model["max_new_tokens"],
-        temperature=float(model["temperature"]),
-        clip_ratio_low=float(model["clip_ratio_low"]),
-        clip_ratio_high=float(model["clip_ratio_high"]),
-        lr=float(model["lr"]),
-        max_grad_norm=float(model["max_grad_norm"]),
+        group_size=args.group_size or model["sampling"]["num_samples"],
+        max_new_tokens=args.max_new_tokens or model["sampling"]["max_new_tokens"],
+        temperature=float(model["sampling"]["temperature"]),
+        clip_ratio_low=float(model["loss"]["clip_ratio_low"]),
+        clip_ratio_high=float(model["loss"]["clip_ratio_high"]),
+        lr=float(model["optim"]["lr"]),
+        max_grad_norm=float(model["optim"]["max_grad_norm"]),
         num_train_examples=int(data["num_train_examples"]),
         seed=int(cfg["seed_everything"]),
     )
@@ -267,9 +267,9 @@ def prepare_lit_entropy(
         raise ValueError(f"--steps + --warmup = {batches} exceeds the {available} training batches of one epoch")
     root = stack.enter_context(tempfile.TemporaryDirectory())
     overrides = [
-        f"--model.model_name_or_path={settings.model_dir}",
-        f"--model.group_size={settings.group_size}",
-        f"--model.max_new_tokens={settings.max_new_tokens}",
+        f"--model.policy.model_name_or_path={settings.model_dir}",
+        f"--model.sampling.num_samples={settings.group_size}",
+        f"--model.sampling.max_new_tokens={settings.max_new_tokens}",
         f"--data.batch_size={settings.batch_size}",
         "--trainer.logger=false",
         "--trainer.enable_checkpointing=false",

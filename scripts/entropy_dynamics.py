@@ -32,6 +32,8 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
+from lit_entropy.step import response_logits
+
 __all__ = ["main", "parse_args", "run"]
 
 METHODS = ("grpo", "clip_b", "clip_v")
@@ -96,8 +98,17 @@ def _datamodule(batch_prompts: int, seed: int, val_prompts: int = 8, val_batch: 
     )
 
 
-def _module(full_denominator: bool = False, **kwargs: Any):
+def _module(
+    full_denominator: bool = False,
+    lr: float | None = 3e-4,
+    val_k: int = 8,
+    pass_k: list[int] | None = None,
+    optimizer: Any = None,
+    max_grad_norm: float | None = 1.0,
+):
     from lit_entropy.module import RFTModule
+    from lit_entropy.rollout import SamplingConfig
+    from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig
 
     class FullDenominator(RFTModule):
         """Token-mean over *all* response tokens, masked ones included (one mini-batch per rollout batch).
@@ -106,25 +117,19 @@ def _module(full_denominator: bool = False, **kwargs: Any):
         would give each of them a ~300x larger step than plain GRPO; (b) compares equal per-token steps.
         """
 
-        def _make_experience(self, rollout, rewards):
-            self._response_tokens = float(rollout.response_mask.sum())
-            return super()._make_experience(rollout, rewards)
+        def make_experience(self, rollout, rewards):
+            self.response_tokens = float(rollout.response_mask.sum())
+            return super().make_experience(rollout, rewards)
 
-        def _normalizer(self, mask):
-            return max(self._response_tokens, 1.0)
+        def loss_normalizer(self, mask):
+            return max(self.response_tokens, 1.0)
 
-    options = dict(
-        group_size=8,
-        max_new_tokens=6,
-        temperature=1.0,
-        lr=3e-4,
-        val_num_samples=8,
-        val_temperature=1.0,
-        export_on_train_end=False,
-        log_samples_every_n_steps=0,
+    return (FullDenominator if full_denominator else RFTModule)(
+        sampling=SamplingConfig(num_samples=8, max_new_tokens=6, temperature=1.0),
+        optim=OptimConfig(lr=None if optimizer is not None else lr, optimizer=optimizer, max_grad_norm=max_grad_norm),
+        evaluation=EvaluationConfig(num_samples=val_k, temperature=1.0, pass_k=pass_k),
+        logging=LoggingConfig(export_on_train_end=False, log_samples_every_n_steps=0),
     )
-    options.update(kwargs)
-    return (FullDenominator if full_denominator else RFTModule)(None, **options)
 
 
 def _train_batches(batch_prompts: int, seed: int, count: int) -> list[dict[str, Any]]:
@@ -143,11 +148,13 @@ def _batch_stats(module: Any, batch: dict[str, Any]) -> dict[str, Tensor]:
     """Sample one rollout batch with ``module``'s policy; S, E_p[S], H, A and the mask in float64."""
     from lit_entropy.functional import entropy_stats, grpo_advantages
 
-    rollout, rewards, _ = module._rollout_and_score(batch, training=True)
+    sampling = module.settings.sampling
+    rollout = module.generate(batch, sampling)
+    rewards, _ = module.score(batch, rollout, sampling.num_samples)
     mask = rollout.response_mask
-    logits, _ = module._forward(module.policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
+    logits, _ = response_logits(module.policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
     stats = entropy_stats(logits.double(), rollout.responses, policy_average=True)
-    adv = grpo_advantages(rewards, module.hparams.group_size).double().unsqueeze(-1).expand_as(stats.entropy)
+    adv = grpo_advantages(rewards, sampling.num_samples).double().unsqueeze(-1).expand_as(stats.entropy)
     return {
         "rollout": rollout,
         "rewards": rewards,
@@ -194,10 +201,10 @@ def first_order_check(args: argparse.Namespace) -> dict[str, Any]:
 
     def entropies() -> Tensor:
         with torch.no_grad():
-            logits, _ = module._forward(policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
+            logits, _ = response_logits(policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
             return entropy_stats(logits, rollout.responses).entropy
 
-    logits, _ = module._forward(policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
+    logits, _ = response_logits(policy, rollout.sequences, rollout.attention_mask, mask.shape[1])
     logp = entropy_stats(logits, rollout.responses).logprobs
     loss = -(adv * logp)[valid].sum() / n  # token-mean policy gradient at r = 1
     grads = torch.autograd.grad(loss, params)
@@ -306,7 +313,7 @@ class ProbeEntropy(Callback):
         from lit_entropy.functional import entropy_stats
 
         mask = self.rollout.response_mask
-        logits, _ = pl_module._forward(
+        logits, _ = response_logits(
             pl_module.policy, self.rollout.sequences, self.rollout.attention_mask, mask.shape[1]
         )
         return float(entropy_stats(logits, self.rollout.responses).entropy[mask].double().mean())
@@ -315,7 +322,7 @@ class ProbeEntropy(Callback):
         if self.rollout is None:
             with torch.random.fork_rng(), torch.no_grad():
                 torch.manual_seed(12345)
-                self.rollout = pl_module._rollout_and_score(self.batch, training=True)[0]
+                self.rollout = pl_module.generate(self.batch, pl_module.settings.sampling)
         self.values.append(self._measure(pl_module))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -345,8 +352,8 @@ def _fit(
     recorder = _recorder()
     module = _module(
         lr=args.lr,
-        val_num_samples=args.val_k,
-        val_pass_k=[1, args.val_k] if args.val_k > 1 else [1],
+        val_k=args.val_k,
+        pass_k=[1, args.val_k] if args.val_k > 1 else [1],
         optimizer=None if sgd_lr is None else _sgd(sgd_lr),
         max_grad_norm=None if sgd_lr is not None else 1.0,
         full_denominator=full_denominator,

@@ -141,14 +141,14 @@ def cli_args(run: Run, run_dir: Path, smoke: bool) -> list[str]:
     args += [
         f"--seed_everything={run.seed}",
         f"--trainer.max_steps={run.steps}",
-        f"--model.model_name_or_path={MODELS_DIR / run.base}",
+        f"--model.policy.model_name_or_path={MODELS_DIR / run.base}",
         f"--data.train_dataset={data / 'train.jsonl'}",
         f"--data.seed={run.seed}",
         f"--trainer.default_root_dir={run_dir}",  # where LightningCLI saves the resolved config.yaml
         "--val_before_train=false",
     ]
     if smoke:
-        args += ["--data.batch_size=4", "--model.group_size=4"]
+        args += ["--data.batch_size=4", "--model.sampling.num_samples=4"]
     return args
 
 

@@ -33,6 +33,13 @@ from lit_entropy.data.datamodule import PromptDataModule  # noqa: E402
 from lit_entropy.distributed import FSDP2Strategy, full_state_dict  # noqa: E402
 from lit_entropy.module import RFTModule  # noqa: E402
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids  # noqa: E402
+from lit_entropy.settings import (  # noqa: E402
+    EvaluationConfig,
+    LoggingConfig,
+    LossConfig,
+    OptimConfig,
+    PolicyConfig,
+)
 
 COMPARED = (
     "train/reward_mean",
@@ -126,7 +133,11 @@ def run(
     max_steps: int = -1,
     ckpt_path: str | None = None,
     sigint_rank1_batch: int | None = None,
-    **module_options,
+    *,
+    algorithm: str = "grpo",
+    gradient_checkpointing: bool = False,
+    fsdp_param_dtype: str | None = None,
+    export_dir: str | None = None,
 ) -> None:
     """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
     ``ckpt_path`` when given."""
@@ -135,17 +146,16 @@ def run(
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    options = dict(
-        group_size=4,
-        max_new_tokens=4,
-        lr=1e-2,
-        kl_coef=0.05,
-        max_grad_norm=0.5,  # small, so the clip acts on the (sharded) gradients
-        val_num_samples=2,
-        export_on_train_end=False,
+    module = RFTModule(
+        PolicyConfig(model, gradient_checkpointing=gradient_checkpointing, fsdp_param_dtype=fsdp_param_dtype),
+        algorithm=algorithm,
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        loss=LossConfig(kl_coef=0.05),
+        optim=OptimConfig(lr=1e-2, max_grad_norm=0.5),  # a small clip, so it acts on the (sharded) gradients
+        evaluation=EvaluationConfig(num_samples=2),
+        rollout=SeededPolicySampler(tok.eos_token_id, tok.pad_token_id),
+        logging=LoggingConfig(export_on_train_end=export_dir is not None, export_dir=export_dir),
     )
-    options.update(module_options)
-    module = RFTModule(model, rollout_engine=SeededPolicySampler(tok.eos_token_id, tok.pad_token_id), **options)
     module.reward_fn = digit_reward
     data = PromptDataModule(
         tokenizer_name_or_path=model, batch_size=global_batch // devices, num_train_examples=32, shuffle=False
@@ -190,7 +200,7 @@ def run(
             if module.ref_model is not None
             else None,
             "export_path": module.export_path,
-            "num_skipped_updates": module.num_skipped_updates,
+            "num_skipped_updates": module.skipped_updates.total,
         }
         Path(out, "metrics.json").write_text(json.dumps(info))
 
@@ -219,14 +229,13 @@ def main() -> None:
         args.out,
         args.devices,
         args.global_batch,
-        gradient_checkpointing=args.gradient_checkpointing,
-        export_on_train_end=args.export,
-        export_dir=os.path.join(args.out, "hf_model") if args.export else None,
-        fsdp_param_dtype=args.fsdp_param_dtype,
         max_steps=args.max_steps,
         ckpt_path=args.ckpt_path,
         sigint_rank1_batch=args.sigint_rank1_batch,
         algorithm=args.algorithm,
+        gradient_checkpointing=args.gradient_checkpointing,
+        fsdp_param_dtype=args.fsdp_param_dtype,
+        export_dir=os.path.join(args.out, "hf_model") if args.export else None,
     )
 
 

@@ -39,7 +39,7 @@ def test_config_parses_and_instantiates(config, tmp_path, monkeypatch):
     assert isinstance(cli.model, RFTModule)
     assert isinstance(cli.datamodule, PromptDataModule)
     assert cli.model.policy is None, "instantiation must not load weights"
-    assert cli.datamodule.tokenizer_name_or_path == cli.config["model"]["model_name_or_path"]
+    assert cli.datamodule.tokenizer_name_or_path == cli.config["model"]["policy"]["model_name_or_path"]
     clip = [cb for cb in cli.trainer.callbacks if isinstance(cb, EntropyDiscriminatorClipping)]
     if "clip_b" in config.name:
         assert [cb.method for cb in clip] == ["clip_b"]
@@ -54,12 +54,14 @@ def test_recipes_follow_the_paper():
     for name, group in (("qwen2.5-7b_clip_b.yaml", 16), ("qwen2.5-7b_clip_v.yaml", 8)):
         config = next(p for p in CONFIGS if p.name == name)
         cli = cli_main(["--config", str(config), *CPU_OVERRIDES], run=False)
-        hp = cli.model.hparams
-        assert hp.group_size == group
-        assert hp.lr == 1e-6 and hp.kl_coef == 0 and hp.loss_agg_mode == "token-mean" and hp.temperature == 1.0
-        assert hp.clip_ratio_low == hp.clip_ratio_high == 0.2
-        assert hp.val_num_samples == 32 and hp.val_temperature == 0.7
-        assert hp.max_new_tokens == 7168 and cli.datamodule.max_prompt_length == 1024
+        settings = cli.model.settings
+        sampling, loss, evaluation = settings.sampling, settings.loss, settings.evaluation
+        assert sampling.num_samples == group and sampling.temperature == 1.0 and sampling.max_new_tokens == 7168
+        assert settings.optim.lr == 1e-6 and loss.kl_coef == 0 and loss.loss_agg_mode == "token-mean"
+        assert loss.clip_ratio_low == loss.clip_ratio_high == 0.2
+        assert evaluation.num_samples == 32 and evaluation.temperature == 0.7
+        assert settings.update.epochs == 1 and settings.update.mini_batch_size is None  # one step per batch
+        assert cli.datamodule.max_prompt_length == 1024
         assert cli.datamodule.batch_size * cli.config["trainer"]["devices"] == 64 or cli.datamodule.batch_size == 8
 
 
@@ -69,7 +71,34 @@ def test_print_config(capsys, tmp_path, monkeypatch):
         cli_main(["fit", "--config", str(GRPO_TINY), "--print_config"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert "model:" in out and "group_size:" in out and "val_before_train:" in out
+    assert "model:" in out and "  sampling:\n    num_samples: 8" in out and "val_before_train:" in out
+    assert "  loss:\n    clip_ratio_low: 0.2" in out and "group_size" not in out
+
+
+def test_help_documents_every_setting_from_its_docstring(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--model.loss.clip_ratio_high" in out and "DAPO clip-higher: 0.28" in out
+    assert "--model.sampling.num_samples" in out and "the GRPO group size" in out
+    assert "--model.ppo.help" in out and "PPO-only settings" in out  # optional group: its own --help
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("config", r"model.group_size -> model.sampling.num_samples; model.lr -> model.optim.lr"),
+        ("command line", r"model.dual_clip_c -> model.loss.clip_ratio_c"),
+    ],
+)
+def test_old_flat_keys_name_their_new_place(where, message, tmp_path, capsys):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  group_size: 8\n  lr: 1.0e-5\n")
+    args = ["fit", "--config", str(old)] if where == "config" else ["fit", "--model.dual_clip_c=3"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(args)
+    assert exit_info.value.code == 2
+    assert len(__import__("re").findall(message, capsys.readouterr().err)) == 1
 
 
 def test_unknown_config_key_is_named(tmp_path, capsys):
@@ -83,9 +112,15 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (["--model.group_size=1"], r"model.group_size must be an integer >= 2 for grpo, got 1"),
-        (["--model.val_pass_k=[16]"], r"k=16.*val_num_samples=8"),
-        (["--model.reward_fn=no_such_pkg.mod:fn"], r"reward_fn.*no_such_pkg"),
+        (["--model.sampling.num_samples=1"], r"model.sampling.num_samples must be >= 2 for grpo, got 1"),
+        (["--model.evaluation.pass_k=[16]"], r"model.evaluation.pass_k \(K=8\) must be an integer in \[1, 8\], got 16"),
+        (["--model.reward.fn=no_such_pkg.mod:fn"], r"reward_fn.*no_such_pkg"),
+        (["--model.loss.clip_ratio_low=1.5"], r"model.loss.clip_ratio_low must be a number in \[0, 1\), got 1.5"),
+        (["--model.loss.kl_type=k4"], r"model.loss.kl_type must be one of \('k1', 'kl'.*got 'k4'"),
+        (
+            ["--model.optim.optimizer=torch.optim.SGD", "--model.optim.optimizer.lr=0.1"],
+            r"model.optim.lr=0.0003 / model.optim.weight_decay=None would be ignored",
+        ),
         (
             ["--trainer.callbacks+=lit_entropy.callbacks.EntropyDiscriminatorClipping", "--trainer.callbacks.mu=0"],
             r"mu must be > 0, got mu=0",
@@ -155,6 +190,9 @@ def test_multinode_recipe_parses(tmp_path, monkeypatch):
     config = ParseOnly(RFTModule, PromptDataModule, args=args, run=False, auto_configure_optimizers=False).config
     assert config["trainer"]["num_nodes"] == 2 and config["trainer"]["devices"] == 8
     assert config["trainer"]["strategy"]["class_path"] == "lit_entropy.distributed.FSDP2Strategy"
-    assert config["model"]["rollout"] == "vllm" and config["model"]["vllm_options"]["tensor_parallel_size"] == 1
+    rollout = config["model"]["rollout"]
+    assert rollout["class_path"] == "lit_entropy.rollout.VLLMRolloutEngine"
+    assert rollout["init_args"]["tensor_parallel_size"] == 1 and rollout["init_args"]["enable_sleep"] is True
     assert config["data"]["batch_size"] * 2 * 8 == 64
-    assert config["model"]["group_size"] == 16 and config["model"]["gradient_checkpointing"] is True
+    assert config["model"]["sampling"]["num_samples"] == 16
+    assert config["model"]["policy"]["gradient_checkpointing"] is True

@@ -26,7 +26,7 @@ from lit_entropy.functional.covariance import (
     random_global_picks,
     selection_count,
 )
-from lit_entropy.protocol import TokenMaskContext, TokenMaskProvider, TokenPenaltyProvider
+from lit_entropy.protocol import LossCoefficientProvider, TokenMaskContext, TokenMaskProvider, TokenPenaltyProvider
 
 
 def _context(seed: int = 0, rows: int = 8, cols: int = 10) -> TokenMaskContext:
@@ -179,31 +179,24 @@ def test_protocol_roles():
     assert isinstance(ClipCov(), TokenMaskProvider) and not isinstance(ClipCov(), TokenPenaltyProvider)
     assert isinstance(KLCov(), TokenPenaltyProvider) and not isinstance(KLCov(), TokenMaskProvider)
     assert isinstance(HighEntropySelection(), TokenMaskProvider)
-    assert isinstance(AdaptiveEntropyBonus(), TokenMaskProvider)
-
-
-class _Module:
-    entropy_coef = 0.0
+    bonus = AdaptiveEntropyBonus()
+    assert isinstance(bonus, LossCoefficientProvider) and not isinstance(bonus, TokenMaskProvider)
 
 
 def test_adaptive_entropy_bonus_follows_the_target_and_round_trips():
     cb = AdaptiveEntropyBonus(entropy_target=1.0, initial_coef=0.01, coef_delta=0.004, coef_min=0.0, coef_max=0.02)
-    module = _Module()
     ctx = _context(0)
     mean_h = float(ctx.entropy[ctx.mask].mean())
     assert mean_h < 1.2  # the crafted batch: compare against targets on both sides
     expected = 0.01
     for target in (2.0, 2.0, 2.0, 0.1, 0.1):  # below target: up (clamped at 0.02); above: down
         cb.entropy_target = target
-        keep = cb.keep_mask(None, module, ctx)
+        coefficients = cb.loss_coefficients(None, None, ctx)
         expected = min(max(expected + (0.004 if mean_h < target else -0.004), 0.0), 0.02)
-        assert module.entropy_coef == pytest.approx(expected)
-        assert torch.equal(keep, ctx.mask)
+        assert coefficients == {"entropy_coef": pytest.approx(expected)}
     fresh = AdaptiveEntropyBonus(entropy_target=0.1, initial_coef=0.0)
     fresh.load_state_dict(cb.state_dict())
-    other = _Module()
-    fresh.on_fit_start(None, other)
-    assert other.entropy_coef == pytest.approx(expected) and fresh.num_batches == 5
+    assert fresh.coef == pytest.approx(expected) and fresh.num_batches == 5
 
 
 # ------------------------------------------------------------------------------------- 2 gloo ranks
@@ -221,9 +214,8 @@ def _run_all(ctx: TokenMaskContext) -> dict[str, list]:
         cb = make()
         result = cb.token_penalty(None, None, ctx) if name == "kl_cov" else cb.keep_mask(None, None, ctx)
         out[name] = result.tolist()
-    adaptive, module = AdaptiveEntropyBonus(entropy_target=0.9, initial_coef=0.01, coef_delta=0.003), _Module()
-    adaptive.keep_mask(None, module, ctx)
-    out["adaptive_coef"] = module.entropy_coef
+    adaptive = AdaptiveEntropyBonus(entropy_target=0.9, initial_coef=0.01, coef_delta=0.003)
+    out["adaptive_coef"] = adaptive.loss_coefficients(None, None, ctx)["entropy_coef"]
     monitor = EntropyDynamicsMonitor()
     out["monitor"] = monitor.observe(ctx)
     return out
@@ -271,11 +263,13 @@ def test_providers_compose_by_and_under_a_real_trainer():
     from lit_entropy.assets import default_model_path
     from lit_entropy.data.datamodule import PromptDataModule
     from lit_entropy.module import RFTModule
+    from lit_entropy.rollout import SamplingConfig
+    from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, UpdateConfig
 
     class Recording(RFTModule):
-        def _make_experience(self, rollout, rewards):
-            exp = super()._make_experience(rollout, rewards)
-            self.seen.append((rollout.response_mask.clone(), exp.loss_mask.clone(), exp.penalty))
+        def apply_token_callbacks(self, experience):
+            exp = super().apply_token_callbacks(experience)
+            self.seen.append((exp.response_mask.clone(), exp.loss_mask.clone(), exp.penalty))
             return exp
 
     class RecHigh(HighEntropySelection):
@@ -298,7 +292,11 @@ def test_providers_compose_by_and_under_a_real_trainer():
     monitor = EntropyDynamicsMonitor(keep_history=True)
     # The shipped (warm-started) tiny model: it solves some prompts, so advantages are not all zero.
     module = Recording(
-        None, group_size=4, max_new_tokens=4, lr=1e-3, val_num_samples=2, ppo_epochs=2, export_on_train_end=False
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        update=UpdateConfig(epochs=2),
+        optim=OptimConfig(lr=1e-3),
+        evaluation=EvaluationConfig(num_samples=2),
+        logging=LoggingConfig(export_on_train_end=False),
     )
     module.seen = []
     data = PromptDataModule(
@@ -332,7 +330,7 @@ def test_providers_compose_by_and_under_a_real_trainer():
     assert float(logged["train/kl_cov_frac"]) == pytest.approx(float((penalty > 0).sum()) / n)
     assert float(logged["train/loss_token_frac"]) == pytest.approx(float(module.seen[-1][1].sum()) / n)
     # Entropy far below the 50-nat target: the coefficient rose by delta per rollout batch.
-    assert module.entropy_coef == pytest.approx(0.03) and float(logged["train/entropy_coef"]) == pytest.approx(0.03)
+    assert adaptive.coef == pytest.approx(0.03) and float(logged["train/entropy_coef"]) == pytest.approx(0.03)
     assert float(logged["train/adaptive_entropy/coef"]) == pytest.approx(0.03)
     assert float(logged["train/token_penalty"]) > 0  # second epoch: the policy moved, |log p - log p_old| > 0
     # The monitor's batch entropy is the module's own train/entropy, computed independently.

@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import RolloutEngine
+from lit_entropy.rollout import RolloutEngine, SamplingConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, LossConfig, OptimConfig, PolicyConfig, UpdateConfig
 
 
 def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
@@ -35,9 +36,13 @@ class Snapshots(Callback):
 
 def _fit(model_dir, tmp_path, *, batches=3, reward=digit_reward, callbacks=(), **extra):
     seed_everything(0)
-    options = dict(group_size=4, max_new_tokens=4, lr=1e-2, val_num_samples=2, export_on_train_end=False)
-    options.update(extra)
-    module = RFTModule(model_dir, **options)
+    options = dict(
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        optim=OptimConfig(lr=1e-2),
+        evaluation=EvaluationConfig(num_samples=2),
+        logging=LoggingConfig(export_on_train_end=False),
+    )
+    module = RFTModule(PolicyConfig(model_dir), **{**options, **extra})
     module.reward_fn = reward
     snaps = Snapshots()
     data = PromptDataModule(tokenizer_name_or_path=model_dir, batch_size=2, num_train_examples=16)
@@ -57,18 +62,18 @@ def _fit(model_dir, tmp_path, *, batches=3, reward=digit_reward, callbacks=(), *
 
 
 def _poison_loss(module: RFTModule, bad_calls: set[int]) -> list[int]:
-    """Make the loss of the listed ``_minibatch_loss`` calls (0-based) NaN; returns the call log."""
+    """Make the loss of the listed ``minibatch_loss`` calls (0-based) NaN; returns the call log."""
     calls: list[int] = []
-    original = module._minibatch_loss
+    original = module.minibatch_loss
 
     def wrapped(*args, **kwargs):
-        terms = original(*args, **kwargs)
+        out = original(*args, **kwargs)
         if len(calls) in bad_calls:
-            terms["loss"] = terms["loss"] * float("nan")
+            out.loss = out.loss * float("nan")
         calls.append(len(calls))
-        return terms
+        return out
 
-    module._minibatch_loss = wrapped
+    module.minibatch_loss = wrapped
     return calls
 
 
@@ -81,13 +86,13 @@ def test_a_nan_loss_skips_that_update_with_a_warning_and_a_counter(tiny_model_di
     _poison_loss(module, bad_calls={1})  # the second batch's only update
     with pytest.warns(UserWarning, match=r"skipped an update with a non-finite loss"):
         trainer.fit(module, data)
-    assert module.num_skipped_updates == 1
+    assert module.skipped_updates.total == 1
     assert trainer.global_step == 2  # skipped updates are not optimizer steps
     assert [m["train/skipped_updates"] for m in snaps.metrics] == [0.0, 1.0, 1.0]
     w0, w1, w2, w3 = snaps.weights
     assert not _same(w0, w1) and _same(w1, w2) and not _same(w2, w3)  # batch 2 left the weights alone
     assert all(torch.isfinite(v).all() for v in w3.values())
-    assert module.consecutive_skipped_updates == 0  # reset by the next good update
+    assert module.skipped_updates.consecutive == 0  # reset by the next good update
 
 
 def test_a_nan_gradient_with_a_finite_loss_is_skipped(tiny_model_dir, tmp_path):
@@ -102,7 +107,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_skipped(tiny_model_dir, tmp_path):
     trainer.callbacks.append(PoisonGradOnce())
     with pytest.warns(UserWarning, match=r"non-finite gradient norm"):
         trainer.fit(module, data)
-    assert module.num_skipped_updates == 1 and trainer.global_step == 1
+    assert module.skipped_updates.total == 1 and trainer.global_step == 1
     assert _same(snaps.weights[0], snaps.weights[1]) and not _same(snaps.weights[1], snaps.weights[2])
     assert math.isnan(snaps.metrics[0]["train/grad_norm"]) or math.isinf(snaps.metrics[0]["train/grad_norm"])
 
@@ -110,14 +115,14 @@ def test_a_nan_gradient_with_a_finite_loss_is_skipped(tiny_model_dir, tmp_path):
 def test_too_many_consecutive_skips_stop_the_run_and_checkpoints_stay_finite(tiny_model_dir, tmp_path):
     every_step = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1, save_last=True)
     module, trainer, snaps, data = _fit(
-        tiny_model_dir, tmp_path, batches=6, max_consecutive_skips=3, callbacks=[every_step]
+        tiny_model_dir, tmp_path, batches=6, update=UpdateConfig(max_consecutive_skips=3), callbacks=[every_step]
     )
     calls = _poison_loss(module, bad_calls={1, 2, 3, 4, 5})  # batch 1 is fine, then NaN forever
     with pytest.warns(UserWarning, match="skipped an update"):
         with pytest.raises(RuntimeError, match=r"3 consecutive updates were skipped.*max_consecutive_skips=3"):
             trainer.fit(module, data)
     assert len(calls) == 4  # 1 good + 3 skipped, then the error
-    assert module.num_skipped_updates == 3
+    assert module.skipped_updates.total == 3
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 1
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
@@ -130,7 +135,7 @@ class BrokenEngine(RolloutEngine):
 
 
 def test_a_rollout_engine_failure_raises_a_clear_error(tiny_model_dir, tmp_path):
-    module, trainer, _, data = _fit(tiny_model_dir, tmp_path, rollout_engine=BrokenEngine())
+    module, trainer, _, data = _fit(tiny_model_dir, tmp_path, rollout=BrokenEngine())
     message = r"rollout engine failed: BrokenEngine.generate raised ConnectionError: vLLM worker died"
     with pytest.raises(RuntimeError, match=message) as err:
         trainer.fit(module, data)
@@ -141,10 +146,14 @@ def test_a_rollout_engine_failure_raises_a_clear_error(tiny_model_dir, tmp_path)
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_identical_rewards_in_every_group_are_a_logged_no_op(tiny_model_dir, tmp_path, loss_agg_mode):
     module, trainer, snaps, data = _fit(
-        tiny_model_dir, tmp_path, batches=2, reward=lambda c, a: [1.0] * len(c), loss_agg_mode=loss_agg_mode
+        tiny_model_dir,
+        tmp_path,
+        batches=2,
+        reward=lambda c, a: [1.0] * len(c),
+        loss=LossConfig(loss_agg_mode=loss_agg_mode),
     )
     trainer.fit(module, data)
-    assert module.num_skipped_updates == 0
+    assert module.skipped_updates.total == 0
     for metrics in snaps.metrics:
         assert metrics["train/frac_reward_zero_std"] == 1.0
         assert metrics["train/reward_std"] == 0.0
@@ -156,12 +165,15 @@ def test_identical_rewards_in_every_group_are_a_logged_no_op(tiny_model_dir, tmp
 
 
 @pytest.mark.parametrize(
-    ("option", "value", "message"),
+    ("make", "message"),
     [
-        ("max_consecutive_skips", 0, r"model.max_consecutive_skips must be an integer >= 1, got 0"),
-        ("fsdp_param_dtype", "int8", r"model.fsdp_param_dtype must be bfloat16\|float16\|float32 or null, got 'int8'"),
+        (
+            lambda: UpdateConfig(max_consecutive_skips=0),
+            r"model.update.max_consecutive_skips must be an integer >= 1, got 0",
+        ),
+        (lambda: PolicyConfig(fsdp_param_dtype="int8"), r"model.policy.fsdp_param_dtype must be one of .*, got 'int8'"),
     ],
 )
-def test_fault_options_are_validated(option, value, message):
+def test_fault_options_are_validated(make, message):
     with pytest.raises(ValueError, match=message):
-        RFTModule("unused", **{option: value})
+        make()

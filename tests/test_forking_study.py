@@ -123,10 +123,12 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
         for task, base in (("forking", "fork-s0"), ("chain", "chain")):
             run = study.Run(task, base, method, 3, 7)
             cli = cli_main(study.cli_args(run, tmp_path / run.name, False), run=False)
-            hp = cli.model.hparams
+            st = cli.model.settings
             assert cli.trainer.max_steps == 7 and cli.datamodule.seed == 3 and cli.model.policy is None
-            assert hp.reward_fn == "lit_entropy.data.forking:reward" and hp.kl_coef == 0 and hp.temperature == 1.0
-            assert hp.max_new_tokens == (31 if task == "forking" else 17)
+            assert st.reward.fn == "lit_entropy.data.forking:reward" and st.loss.kl_coef == 0
+            assert st.sampling.temperature == 1.0 and st.sampling.num_samples == 8 and st.update.epochs == 1
+            assert st.sampling.max_new_tokens == (31 if task == "forking" else 17)
+            assert st.policy.model_name_or_path == str(study.MODELS_DIR / base)
             assert cli.datamodule.train_dataset.endswith(f"{task}/train.jsonl")
             masks = [cb for cb in cli.trainer.callbacks if isinstance(cb, EntropyDiscriminatorClipping)]
             randoms = [cb for cb in cli.trainer.callbacks if isinstance(cb, RandomNegativeMasking)]
@@ -138,5 +140,5 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
             got = [(cb.method, cb.mu, cb.max_frac if cb.method == "clip_v" else None) for cb in masks]
             assert got == expected
             assert [cb.mu for cb in randoms] == ([2.5] if method == "random_mask" else [])
-            assert hp.clip_ratio_high == (0.28 if method == "clip_higher" else 0.2)
-            assert (hp.entropy_coef > 0) == (method == "entropy_bonus")
+            assert st.loss.clip_ratio_high == (0.28 if method == "clip_higher" else 0.2)
+            assert (st.loss.entropy_coef > 0) == (method == "entropy_bonus")

@@ -163,5 +163,5 @@ def test_the_fsdp2_overlay_composes_with_a_recipe():
     assert isinstance(strategy, FSDP2Strategy)
     assert strategy._tensor_parallel_size == 1 and strategy._save_distributed_checkpoint is False
     assert cli.trainer.num_devices == 2
-    assert cli.model.hparams.gradient_checkpointing is True
-    assert cli.model.hparams.algorithm == "grpo"  # the recipe's settings survive the overlay
+    assert cli.model.settings.policy.gradient_checkpointing is True
+    assert cli.model.settings.algorithm == "grpo" and cli.model.settings.optim.lr == 3e-4  # the recipe survives

@@ -10,7 +10,13 @@ import torch
 
 from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
 from lit_entropy.functional.kl import kl_penalty
-from lit_entropy.functional.policy_loss import LOSS_AGG_MODES, aggregate_loss, policy_loss, value_loss
+from lit_entropy.functional.policy_loss import (
+    LOSS_AGG_MODES,
+    aggregate_loss,
+    loss_normalizer_count,
+    policy_loss,
+    value_loss,
+)
 
 # ---------------------------------------------------------------- GRPO advantages
 
@@ -147,6 +153,8 @@ def _ref_aggregate(loss, mask, mode, normalizer=None):
     rows = [[x for x, m in zip(lr, mr, strict=True) if m] for lr, mr in zip(loss, mask, strict=True)]
     if mode == "token-mean":
         total, count = sum(sum(r) for r in rows), sum(len(r) for r in rows)
+    elif mode == "token-sum":
+        total, count = sum(sum(r) for r in rows), 1
     else:
         rows = [r for r in rows if r]
         T = len(mask[0])
@@ -174,7 +182,7 @@ def _batch(seed, B=4, T=6, dtype=torch.float64):
 def test_policy_loss_matches_loop(mode, lo, hi, c):
     lp, old, adv, mask = _batch(5)
     loss, stats = policy_loss(
-        lp, old, adv, mask, clip_ratio_low=lo, clip_ratio_high=hi, dual_clip_c=c, loss_agg_mode=mode
+        lp, old, adv, mask, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c, loss_agg_mode=mode
     )
     per_tok = [
         [_ref_token_loss(lp[b, t].item(), old[b, t].item(), adv[b, t].item(), lo, hi, c) for t in range(6)]
@@ -204,7 +212,7 @@ def test_policy_loss_matches_loop(mode, lo, hi, c):
 def test_policy_loss_gradient_matches_finite_differences(mode):
     lp, old, adv, mask = _batch(1, B=3, T=4)
     lp = lp.clone().requires_grad_(True)
-    kw = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, dual_clip_c=2.0, loss_agg_mode=mode)
+    kw = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=2.0, loss_agg_mode=mode)
     loss, _ = policy_loss(lp, old, adv, mask, **kw)
     (grad,) = torch.autograd.grad(loss, lp)
     h = 1e-6
@@ -233,7 +241,7 @@ def test_clipped_tokens_have_zero_gradient_and_garbage_is_ignored():
     lp.requires_grad_(True)
     adv = torch.tensor([[2.0, -1.0, -0.5, 0.7, float("nan")]], dtype=torch.float64)
     mask = torch.tensor([[True, True, True, True, False]])
-    loss, stats = policy_loss(lp, old, adv, mask, dual_clip_c=3.0)
+    loss, stats = policy_loss(lp, old, adv, mask, clip_ratio_c=3.0)
     expected = (-2.0 * 1.2 + 1.0 * 0.8 + 0.5 * 3.0 - 0.7 * 1.1) / 4
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     loss.backward()
@@ -257,10 +265,8 @@ def test_normalizer_reproduces_full_batch(mode):
     lp, old, adv, mask = _batch(3, B=4, T=6)
     mask[3] = False  # an empty sequence: not counted by the seq-mean modes
     full, _ = policy_loss(lp, old, adv, mask, loss_agg_mode=mode)
-    if mode == "token-mean":
-        norm = float(mask.sum())
-    else:
-        norm = float(mask.any(-1).sum())
+    norm = {"token-mean": float(mask.sum()), "token-sum": 1.0}.get(mode, float(mask.any(-1).sum()))
+    assert float(loss_normalizer_count(mask, mode)) == norm
     halves = [slice(0, 1), slice(1, 4)]
     parts = [policy_loss(lp[s], old[s], adv[s], mask[s], loss_agg_mode=mode, normalizer=norm)[0] for s in halves]
     assert (parts[0] + parts[1]).item() == pytest.approx(full.item(), rel=1e-12)
@@ -286,10 +292,12 @@ def test_policy_loss_validation():
         policy_loss(lp, old, adv, mask, loss_agg_mode="sum")
     with pytest.raises(ValueError, match="clip_ratio_low"):
         policy_loss(lp, old, adv, mask, clip_ratio_low=-0.1)
+    with pytest.raises(ValueError, match=r"clip_ratio_low must be a number in \[0, 1\), got 1.5"):
+        policy_loss(lp, old, adv, mask, clip_ratio_low=1.5)
     with pytest.raises(ValueError, match="clip_ratio_high"):
         policy_loss(lp, old, adv, mask, clip_ratio_high=-0.1)
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        policy_loss(lp, old, adv, mask, dual_clip_c=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(lp, old, adv, mask, clip_ratio_c=1.0)
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(lp, old, adv[:, :2], mask)
     with pytest.raises(ValueError, match="normalizer"):

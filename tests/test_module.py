@@ -10,13 +10,26 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lit_entropy.callbacks import EntropyDiscriminatorClipping
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
+from lit_entropy.rollout import SamplingConfig
+from lit_entropy.settings import (
+    EvaluationConfig,
+    LossConfig,
+    OptimConfig,
+    PolicyConfig,
+    RewardConfig,
+    UpdateConfig,
+)
 
 
-def _fit(model_dir, tmp_path, callbacks=(), batches=3, **module_kwargs):
+def _fit(model_dir, tmp_path, callbacks=(), batches=3, **settings):
     seed_everything(0)
-    options = dict(group_size=4, max_new_tokens=4, lr=1e-3, val_num_samples=4)
-    options.update(module_kwargs)
-    module = RFTModule(model_dir, **options)
+    defaults = dict(
+        policy=PolicyConfig(model_dir),
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        optim=OptimConfig(lr=1e-3),
+        evaluation=EvaluationConfig(num_samples=4),
+    )
+    module = RFTModule(**{**defaults, **settings})
     data = PromptDataModule(tokenizer_name_or_path=model_dir, batch_size=4, num_train_examples=32, num_val_examples=8)
     trainer = Trainer(
         accelerator="cpu",
@@ -47,16 +60,18 @@ def _logged_tags(trainer) -> set[str]:
 def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir):
     """Left padding + position ids + temperature: the no-grad pass equals a per-row full-softmax reference."""
     seed_everything(0)
-    module = RFTModule(tiny_model_dir, group_size=3, max_new_tokens=5, temperature=0.7)
+    sampling = SamplingConfig(num_samples=3, max_new_tokens=5, temperature=0.7)
+    module = RFTModule(PolicyConfig(tiny_model_dir), sampling=sampling)
     module.configure_model()
     module.setup("fit")
     tok = module.tokenizer
     prompts = ["1+2=", "13-27=", "7+8="]  # different lengths -> left padding
     enc = tok(prompts, return_tensors="pt", padding=True)
     batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "answers": ["3", "-14", "15"]}
-    rollout, rewards, _ = module._rollout_and_score(batch, training=True)
+    rollout = module.generate(batch, sampling)
+    rewards, _ = module.score(batch, rollout, sampling.num_samples)
 
-    exp = module._make_experience(rollout, rewards)  # no trainer: no mask providers
+    exp = module.make_experience(rollout, rewards)  # no trainer: no mask providers
     policy = module.policy
     for row in range(rollout.sequences.shape[0]):
         real = rollout.attention_mask[row].bool()
@@ -78,16 +93,24 @@ def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir):
 @pytest.mark.parametrize(
     ("algorithm", "method", "extra"),
     [
-        ("grpo", None, {"kl_coef": 0.05, "entropy_coef": 0.01, "loss_agg_mode": "seq-mean-token-mean"}),
-        ("grpo", "clip_b", {"ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4}),
-        ("grpo", "clip_v", {"clip_ratio_high": 0.28, "lr_schedule": "cosine", "warmup_steps": 1}),
-        ("ppo", "clip_b", {"ppo_epochs": 2, "mini_batch_size": 8}),
-        ("ppo", "clip_v", {"kl_coef": 0.1, "kl_type": "k1"}),
+        ("grpo", None, {"loss": LossConfig(kl_coef=0.05, entropy_coef=0.01, loss_agg_mode="seq-mean-token-mean")}),
+        ("grpo", "clip_b", {"update": UpdateConfig(epochs=2, mini_batch_size=8, micro_batch_size=4)}),
+        (
+            "grpo",
+            "clip_v",
+            {
+                "loss": LossConfig(clip_ratio_high=0.28),
+                "optim": OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1),
+            },
+        ),
+        ("ppo", "clip_b", {"update": UpdateConfig(epochs=2, mini_batch_size=8)}),
+        ("ppo", "clip_v", {"loss": LossConfig(kl_coef=0.1, kl_type="k1")}),
     ],
 )
 def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm, method, extra):
     callbacks = [EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.1)] if method else []
     module, trainer = _fit(tiny_model_dir, tmp_path, callbacks=callbacks, algorithm=algorithm, **extra)
+    loss, update = extra.get("loss", LossConfig()), extra.get("update", UpdateConfig())
     tags = _logged_tags(trainer)
     expected = {
         "train/reward_mean",
@@ -106,18 +129,18 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     }
     if method:
         expected |= {"train/entropy_clip_frac", "train/entropy_clip_frac_neg"}
-    if extra.get("kl_coef"):
+    if loss.kl_coef:
         expected.add("train/kl")
     if algorithm == "ppo":
         expected.add("train/value_loss")
     assert expected <= tags, expected - tags
-    assert trainer.global_step == 3 * extra.get("ppo_epochs", 1) * (16 // extra.get("mini_batch_size", 16))
+    assert trainer.global_step == 3 * update.epochs * (16 // (update.mini_batch_size or 16))
     for p in module.policy.parameters():
         assert torch.isfinite(p).all()
 
 
 def test_reference_model_stays_out_of_checkpoints(tiny_model_dir, tmp_path):
-    module, trainer = _fit(tiny_model_dir, tmp_path, batches=1, kl_coef=0.1)
+    module, trainer = _fit(tiny_model_dir, tmp_path, batches=1, loss=LossConfig(kl_coef=0.1))
     path = tmp_path / "last.ckpt"
     trainer.save_checkpoint(path)
     state = torch.load(path, weights_only=False)["state_dict"]
@@ -129,7 +152,7 @@ def test_reference_model_stays_out_of_checkpoints(tiny_model_dir, tmp_path):
 
 
 def test_prompts_longer_than_the_context_fail_at_setup(tiny_model_dir, tmp_path):
-    module = RFTModule(tiny_model_dir, group_size=2, max_new_tokens=60)
+    module = RFTModule(PolicyConfig(tiny_model_dir), sampling=SamplingConfig(num_samples=2, max_new_tokens=60))
     data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=2, num_train_examples=8)
     trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"max_new_tokens=60 exceed the model's context max_position_embeddings=64"):
@@ -152,11 +175,11 @@ def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tm
             tmp_path / str(fuse),
             callbacks=callbacks,
             batches=1,
-            fuse_old_logprob_pass=fuse,
-            reward_fn=_parity_reward,
-            entropy_coef=0.01,
+            update=UpdateConfig(fuse_old_logprob_pass=fuse),
+            reward=RewardConfig(fn=_parity_reward),
+            loss=LossConfig(entropy_coef=0.01),
         )
-        assert module._fuses_old_logprob_pass(16) is fuse
+        assert module.fuses_old_logprob_pass(16) is fuse
         weights.append({k: v.detach().clone() for k, v in module.policy.state_dict().items()})
         if method:
             masked = callbacks[0].num_masked

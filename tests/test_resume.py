@@ -17,7 +17,8 @@ from lit_entropy.checkpointing import AtomicCheckpointIO
 from lit_entropy.cli import export_main
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import HFRolloutEngine
+from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
 
 BATCHES = 4  # k + n
 STOP_AFTER = 2  # k
@@ -45,19 +46,14 @@ class Recorder(Callback):
 
 
 def _module(model_dir: str, **extra) -> RFTModule:
-    module = RFTModule(
-        model_dir,
-        group_size=4,
-        max_new_tokens=4,
-        lr=1e-2,
-        ppo_epochs=2,
-        mini_batch_size=8,
-        lr_schedule="cosine",
-        warmup_steps=3,
-        val_num_samples=2,
-        export_on_train_end=False,
-        **extra,
+    settings = dict(
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        update=UpdateConfig(epochs=2, mini_batch_size=8),
+        optim=OptimConfig(lr=1e-2, lr_schedule="cosine", warmup_steps=3),
+        evaluation=EvaluationConfig(num_samples=2),
+        logging=LoggingConfig(export_on_train_end=False),
     )
+    module = RFTModule(PolicyConfig(model_dir), **{**settings, **extra})
     module.reward_fn = digit_reward
     return module
 
@@ -148,7 +144,7 @@ def test_ctrl_c_writes_a_checkpoint_that_resumes_exactly(tiny_model_dir, tmp_pat
     previous = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(SystemExit):  # Lightning exits after a graceful shutdown on KeyboardInterrupt
-            _fit(tiny_model_dir, tmp_path / "run", module=_module(tiny_model_dir, rollout_engine=engine))
+            _fit(tiny_model_dir, tmp_path / "run", module=_module(tiny_model_dir, rollout=engine))
     finally:
         signal.signal(signal.SIGINT, previous)  # Lightning ignores SIGINT after the first one
     path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
@@ -185,8 +181,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypa
 def test_fit_exports_a_transformers_loadable_policy(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    module = _module(tiny_model_dir)
-    module.hparams.export_on_train_end = True
+    module = _module(tiny_model_dir, logging=LoggingConfig(export_on_train_end=True))
     logger = TensorBoardLogger(tmp_path, name="run", default_hp_metric=False)
     module, trainer, _ = _fit(tiny_model_dir, tmp_path, module=module, max_steps=UPDATES_PER_BATCH, logger=logger)
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
@@ -279,11 +274,13 @@ def test_sharded_checkpoint_writes_are_atomic(tiny_model_dir, tmp_path, monkeypa
     import lightning.pytorch.strategies.model_parallel as model_parallel
     from lightning.pytorch import Trainer
 
-    from lit_entropy.data.datamodule import PromptDataModule
     from lit_entropy.distributed import FSDP2Strategy
-    from lit_entropy.module import RFTModule
 
-    module = RFTModule(tiny_model_dir, group_size=2, max_new_tokens=3, export_on_train_end=False)
+    module = RFTModule(
+        PolicyConfig(tiny_model_dir),
+        sampling=SamplingConfig(num_samples=2, max_new_tokens=3),
+        logging=LoggingConfig(export_on_train_end=False),
+    )
     data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=2, num_train_examples=8)
     trainer = Trainer(
         accelerator="cpu",

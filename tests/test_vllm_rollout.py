@@ -437,21 +437,21 @@ def test_short_fit_with_the_vllm_engine(engine, vllm_model_dir, tmp_path):
 
     from lit_entropy.data.datamodule import PromptDataModule
     from lit_entropy.module import RFTModule
+    from lit_entropy.settings import LossConfig, OptimConfig, PolicyConfig
 
     # vLLM keeps its parallel state in module globals: one in-process engine at a time. The shared engine
     # restarts lazily if a later test needs it.
     engine.close()
     seed_everything(0)
     rollout = VLLMRolloutEngine(vllm_model_dir, eos_token_id=EOS, pad_token_id=PAD, **ENGINE_KWARGS)
+    rollout.start()  # started by the user: the module uses it and leaves it open
     try:
         module = RFTModule(
-            vllm_model_dir,
-            group_size=4,
-            max_new_tokens=6,
-            lr=1e-2,
-            temperature=1.0,
-            entropy_coef=0.1,  # a gradient even when every reward is 0 (random model)
-            rollout_engine=rollout,
+            PolicyConfig(vllm_model_dir),
+            sampling=SamplingConfig(num_samples=4, max_new_tokens=6, temperature=1.0),
+            optim=OptimConfig(lr=1e-2),
+            loss=LossConfig(entropy_coef=0.1),  # a gradient even when every reward is 0 (random model)
+            rollout=rollout,
         )
         data = PromptDataModule(
             tokenizer_name_or_path=vllm_model_dir, batch_size=2, num_train_examples=8, num_val_examples=2

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lit_entropy.callbacks._collectives import all_gather_equal, all_reduce_sum
+from lit_entropy.collectives import all_gather_equal, all_reduce_sum
 from lit_entropy.functional.clipping import (
     cap_count,
     clip_b_mask,

@@ -24,7 +24,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_entropy.callbacks._collectives import (
+from lit_entropy.collectives import (
     all_gather_counts,
     all_gather_equal,
     all_gather_values,
@@ -41,7 +41,7 @@ from lit_entropy.functional.covariance import (
     linear_quantile,
     selection_count,
 )
-from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
+from lit_entropy.protocol import TokenMaskContext, check_token_masking_module, updates_per_rollout_batch
 
 __all__ = ["AdaptiveEntropyBonus", "ClipCov", "HighEntropySelection", "KLCov"]
 
@@ -233,13 +233,12 @@ class KLCov(_TokenCallback):
         return self._generate_state_key(ratio=self.kl_cov_ratio, coef=self.ppo_kl_coef)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        hp = getattr(pl_module, "hparams", {})
-        if hp.get("ppo_epochs", 2) == 1 and hp.get("mini_batch_size", 1) is None:
+        check_token_masking_module(pl_module, self.required_fields, type(self).__name__, request="token_penalty")
+        if stage == "fit" and updates_per_rollout_batch(pl_module) == 1:
             # One on-policy update per rollout batch: |log p - log p_old| = 0 with zero gradient there.
             rank_zero_warn(
-                "KLCov has no effect with one update per rollout batch (model.ppo_epochs=1 and no "
-                "model.mini_batch_size): set ppo_epochs > 1 or a mini_batch_size below the rollout batch"
+                "KLCov has no effect with one update per rollout batch: set model.update.epochs > 1 or a "
+                "model.update.mini_batch_size below the rollout batch"
             )
 
     def token_penalty(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
@@ -299,18 +298,18 @@ class HighEntropySelection(_TokenCallback):
 
 
 class AdaptiveEntropyBonus(_TokenCallback):
-    """Adaptive entropy bonus: move ``pl_module.entropy_coef`` toward a target entropy (Skywork-OR1, TRL #6140).
+    """Adaptive entropy bonus: move the module's entropy-bonus weight toward a target entropy (Skywork-OR1, TRL #6140).
 
-    An observer provider (returns ``context.mask`` unchanged). Per rollout batch it reads the global
-    mean token entropy ``H`` and updates ``coef += delta`` if ``H < entropy_target`` else
-    ``coef -= delta``, clamped to ``[coef_min, coef_max]``, and writes it to ``pl_module.entropy_coef``
-    *before* the update epochs of that batch. Quadrant view: the bonus adds an update that raises
+    A :class:`~lit_entropy.protocol.LossCoefficientProvider`. Per rollout batch it reads the global
+    mean token entropy ``H``, updates ``coef += delta`` if ``H < entropy_target`` else
+    ``coef -= delta``, clamped to ``[coef_min, coef_max]``, and returns ``{"entropy_coef": coef}``,
+    which the module uses for the update epochs of that batch. Quadrant view: the bonus adds an update that raises
     entropy at every position (``dH = eta * beta * ||S||^2 >= 0``, THEORY §2), independent of A.
-    A static bonus is the module's ``entropy_coef`` option without this callback.
+    A static bonus is the module's ``model.loss.entropy_coef`` setting without this callback.
 
     Args:
         entropy_target: target mean token entropy in nats (> 0).
-        initial_coef: starting coefficient; None takes the module's ``entropy_coef`` at setup.
+        initial_coef: starting coefficient; None takes the module's ``entropy_coef`` setting at setup.
         coef_delta: step of the coefficient per rollout batch (> 0).
         coef_min: lower clamp (>= 0).
         coef_max: upper clamp (>= coef_min).
@@ -349,32 +348,27 @@ class AdaptiveEntropyBonus(_TokenCallback):
         return self._generate_state_key(target=self.entropy_target)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if not hasattr(pl_module, "entropy_coef"):
-            raise TypeError(f"AdaptiveEntropyBonus needs a mutable {type(pl_module).__name__}.entropy_coef attribute")
+        name = type(self).__name__
+        check_token_masking_module(pl_module, self.required_fields, name, request="loss_coefficients")
+        current = pl_module.loss_coefficients()
+        if "entropy_coef" not in current:
+            raise TypeError(f"{name} needs {type(pl_module).__name__}.loss_coefficients() to include 'entropy_coef'")
         if self.coef is None:
-            self.coef = min(max(float(pl_module.entropy_coef), self.coef_min), self.coef_max)
+            self.coef = min(max(float(current["entropy_coef"]), self.coef_min), self.coef_max)
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Runs after a checkpoint restore: re-applies the checkpointed coefficient.
-        pl_module.entropy_coef = self.coef
-
-    def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
-        """Update the coefficient from the global mean entropy; keep every token. Call on every rank."""
+    def loss_coefficients(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> dict[str, float]:
+        """Update the coefficient from the global mean entropy and return it. Call on every rank."""
         mask = context.mask
         sums = all_reduce_sum(
             torch.stack([mask.sum().to(torch.float64), torch.where(mask, context.entropy.to(torch.float64), 0.0).sum()])
         )
         entropy = float(sums[1] / sums[0].clamp(min=1.0))
-        coef = self.coef if self.coef is not None else float(getattr(pl_module, "entropy_coef", 0.0))
-        coef = coef + self.coef_delta if entropy < self.entropy_target else coef - self.coef_delta
+        coef = self.coef + self.coef_delta if entropy < self.entropy_target else self.coef - self.coef_delta
         self.coef = min(max(coef, self.coef_min), self.coef_max)
-        if pl_module is not None:
-            pl_module.entropy_coef = self.coef
         self._count_and_log(
             pl_module, mask, None, {f"{self.log_prefix}/coef": self.coef, f"{self.log_prefix}/entropy": entropy}
         )
-        return mask.clone()
+        return {"entropy_coef": self.coef}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "coef": self.coef}

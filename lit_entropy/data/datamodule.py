@@ -418,6 +418,15 @@ class PromptDataModule(LightningDataModule):
         """Tokenized validation prompts (None before setup or without ``val_dataset``)."""
         return self._val_data
 
+    def longest_prompt_tokens(self) -> int | None:
+        """:class:`~lit_entropy.data.source.PromptSource`: longest tokenized prompt of the splits set up so far."""
+        lengths = [len(ids) for data in (self.train_data, self.val_data) if data is not None for ids in data.input_ids]
+        return max(lengths) if lengths else None
+
+    def prompts_per_step(self) -> int:
+        """:class:`~lit_entropy.data.source.PromptSource`: prompts per training batch, per rank."""
+        return self.batch_size
+
     # ------------------------------------------------------------------ loading
 
     def _build(self, role: str) -> PromptDataset:

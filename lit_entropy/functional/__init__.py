@@ -3,7 +3,14 @@
 Per-token tensors are ``[batch, response_len]`` with a bool ``mask`` (True = real response token).
 """
 
-from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
+from lit_entropy.functional.advantages import (
+    ADVANTAGE_SCALES,
+    check_advantage_scale,
+    check_gae_args,
+    gae_advantages,
+    grpo_advantages,
+    whiten,
+)
 from lit_entropy.functional.clipping import (
     cap_count,
     clip_b_mask,
@@ -21,19 +28,22 @@ from lit_entropy.functional.entropy import (
     entropy_stats,
     predicted_entropy_change,
 )
-from lit_entropy.functional.kl import KL_KINDS, kl_penalty
+from lit_entropy.functional.kl import KL_KINDS, check_kl_type, kl_penalty
 from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
 from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
 from lit_entropy.functional.policy_loss import (
     LOSS_AGG_MODES,
     PolicyLossStats,
     aggregate_loss,
+    check_policy_loss_args,
+    check_value_loss_args,
     clipped_token_masks,
     policy_loss,
     value_loss,
 )
 
 __all__ = [
+    "ADVANTAGE_SCALES",
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "EntropyStats",
@@ -41,6 +51,11 @@ __all__ = [
     "aggregate_loss",
     "avg_at_k",
     "cap_count",
+    "check_advantage_scale",
+    "check_gae_args",
+    "check_kl_type",
+    "check_policy_loss_args",
+    "check_value_loss_args",
     "clip_b_mask",
     "clip_v_deviation",
     "clip_v_mask",

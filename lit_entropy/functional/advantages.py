@@ -5,11 +5,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.masked import masked_mean
+from lit_entropy.functional.checks import check_choice, check_number
+from lit_entropy.functional.masked import as_bool_mask, masked_mean
 
-__all__ = ["gae_advantages", "grpo_advantages", "whiten"]
+__all__ = ["ADVANTAGE_SCALES", "check_advantage_scale", "check_gae_args", "gae_advantages", "grpo_advantages", "whiten"]
 
-_SCALES = ("group", "batch", "none")
+ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
+"""How :func:`grpo_advantages` divides the centred rewards: group std (GRPO), batch std, or not (Dr.GRPO)."""
+
+
+def check_advantage_scale(scale: str, name: str = "scale") -> str:
+    """Validate a :func:`grpo_advantages` scale against :data:`ADVANTAGE_SCALES`; ``name`` names the setting."""
+    return check_choice(name, scale, ADVANTAGE_SCALES)
+
+
+def check_gae_args(*, gamma: float, lam: float, prefix: str = "") -> None:
+    """Validate :func:`gae_advantages`' discount and lambda (each in ``[0, 1]``); ``prefix`` names settings."""
+    check_number(f"{prefix}gamma", gamma, low=0.0, high=1.0)
+    check_number(f"{prefix}lam", lam, low=0.0, high=1.0)
 
 
 def _float(values: Tensor) -> Tensor:
@@ -40,8 +53,7 @@ def grpo_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", e
     Returns:
         Advantages of ``rewards``' shape, float32 (float64 if ``rewards`` is float64).
     """
-    if scale not in _SCALES:
-        raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
+    check_advantage_scale(scale)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     if rewards.dim() != 1:
@@ -80,7 +92,7 @@ def whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, *, eps: float 
     """
     if values.shape != mask.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match values shape {tuple(values.shape)}")
-    mask = mask if mask.dtype == torch.bool else mask != 0
+    mask = as_bool_mask(mask)
     x = _float(values)
     mean = masked_mean(x, mask)
     count = mask.sum()
@@ -117,11 +129,8 @@ def gae_advantages(
             f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} "
             "must share one [B, T] shape"
         )
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
-    mask = mask if mask.dtype == torch.bool else mask != 0
+    check_gae_args(gamma=gamma, lam=lam)
+    mask = as_bool_mask(mask)
     dtype = torch.promote_types(_float(rewards).dtype, _float(values).dtype)
     zero = torch.zeros((), dtype=dtype, device=rewards.device)
     r = torch.where(mask, rewards.detach().to(dtype), zero)

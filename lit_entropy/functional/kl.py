@@ -20,13 +20,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KL_KINDS", "kl_penalty"]
+from lit_entropy.functional.checks import check_choice
+from lit_entropy.functional.policy_loss import LOG_RATIO_CLAMP
+
+__all__ = ["KL_KINDS", "check_kl_type", "kl_penalty"]
 
 _ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3", "abs": "abs"}
 KL_KINDS: tuple[str, ...] = tuple(_ALIASES) + tuple(f"{k}+" for k in _ALIASES)
 
-_LOG_RATIO_CLAMP = 20.0
 _K3_MAX = 10.0
+
+
+def check_kl_type(kind: str, name: str = "kind") -> str:
+    """Validate a KL estimator name against :data:`KL_KINDS`; ``name`` is the argument or setting name."""
+    return check_choice(name, kind, KL_KINDS)
 
 
 def _estimate(log_ratio: Tensor, kind: str) -> Tensor:
@@ -37,7 +44,7 @@ def _estimate(log_ratio: Tensor, kind: str) -> Tensor:
     if kind == "abs":
         return log_ratio.abs()
     # k3: with d = log ref - log p, exp(d) - d - 1.
-    d = (-log_ratio).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    d = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return (torch.exp(d) - d - 1.0).clamp(max=_K3_MAX)
 
 
@@ -53,8 +60,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
         Tensor of ``logprobs``' shape (differentiable w.r.t. both inputs). No masking: aggregate
         with ``lit_entropy.functional.policy_loss.aggregate_loss``.
     """
-    if not isinstance(kind, str) or kind not in KL_KINDS:
-        raise ValueError(f"kind must be one of {KL_KINDS}, got {kind!r}")
+    check_kl_type(kind)
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
             f"ref_logprobs shape {tuple(ref_logprobs.shape)} does not match logprobs shape {tuple(logprobs.shape)}"

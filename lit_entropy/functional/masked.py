@@ -9,7 +9,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["masked_mean", "masked_moments", "masked_sum"]
+__all__ = ["as_bool_mask", "compute_dtype", "masked_mean", "masked_moments", "masked_sum"]
+
+
+def as_bool_mask(mask: Tensor) -> Tensor:
+    """``mask`` as bool (non-zero = True); a bool mask is returned as is."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32: bf16/fp16 lose the small deviations RL losses and
+    statistics care about (importance ratios near 1, centred discriminators)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -7,19 +7,23 @@ vanilla GRPO = ``seq-mean-token-mean``, DAPO = ``token-mean`` (the default), Dr.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.masked import masked_mean, masked_sum
+from lit_entropy.functional.checks import check_choice, check_number
+from lit_entropy.functional.masked import as_bool_mask, compute_dtype, masked_mean, masked_sum
 
 __all__ = [
+    "LOG_RATIO_CLAMP",
     "LOSS_AGG_MODES",
     "PolicyLossStats",
     "aggregate_loss",
+    "check_policy_loss_args",
+    "check_value_loss_args",
     "clipped_token_masks",
+    "loss_normalizer_count",
     "policy_loss",
     "value_loss",
 ]
@@ -45,11 +49,44 @@ def clipped_token_masks(
     return low, high
 
 
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 # The log-ratio is clamped before exp() (as verl does) so that a stale or garbage log-prob cannot
 # overflow the ratio; outside [-20, 20] the ratio is constant and carries no gradient.
-_LOG_RATIO_CLAMP = 20.0
+LOG_RATIO_CLAMP = 20.0
+
+
+def check_policy_loss_args(
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_mode: str,
+    loss_scale_factor: float | None = None,
+    prefix: str = "",
+) -> None:
+    """Validate the arguments of :func:`policy_loss`; ``prefix`` turns names into setting names (``model.loss.``).
+
+    Raises:
+        ValueError: ``clip_ratio_low`` outside ``[0, 1)``, ``clip_ratio_high`` not ``>= 0``, ``clip_ratio_c``
+            not ``> 1`` (or None), an unknown ``loss_agg_mode``, a non-positive ``loss_scale_factor``.
+    """
+    check_number(f"{prefix}clip_ratio_low", clip_ratio_low, low=0.0, high=1.0, high_open=True)
+    check_number(f"{prefix}clip_ratio_high", clip_ratio_high, low=0.0)
+    check_number(f"{prefix}clip_ratio_c", clip_ratio_c, low=1.0, low_open=True, optional=True)
+    check_choice(f"{prefix}loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    check_number(f"{prefix}loss_scale_factor", loss_scale_factor, low=0.0, low_open=True, optional=True)
+
+
+def check_value_loss_args(*, clip_range_value: float | None, prefix: str = "") -> None:
+    """Validate :func:`value_loss`'s clip range: a finite number > 0, or None (no clipping)."""
+    check_number(f"{prefix}clip_range_value", clip_range_value, low=0.0, low_open=True, optional=True)
 
 
 class PolicyLossStats(NamedTuple):
@@ -59,7 +96,7 @@ class PolicyLossStats(NamedTuple):
         clip_frac_low: ``ratio < 1 - eps_low`` with ``A < 0`` (lower clip binds).
         clip_frac_high: ``ratio > 1 + eps_high`` with ``A > 0`` (upper clip binds).
         clip_frac: either of the two.
-        dual_clip_frac: ``A < 0`` and ``ratio > dual_clip_c`` (the dual clip binds; 0 when off).
+        dual_clip_frac: ``A < 0`` and ``ratio > clip_ratio_c`` (the dual clip binds; 0 when off).
         approx_kl: masked mean of ``k3`` for KL(old || new): ``ratio - 1 - log(ratio)`` (>= 0).
         ratio_mean: masked mean of the importance ratio.
     """
@@ -72,22 +109,33 @@ class PolicyLossStats(NamedTuple):
     ratio_mean: Tensor
 
 
-def _as_bool(mask: Tensor) -> Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
+def loss_normalizer_count(mask: Tensor, loss_agg_mode: str, world_size: int = 1) -> Tensor:
+    """This rank's share of :func:`aggregate_loss`'s global denominator.
 
+    Valid tokens for ``token-mean``, sequences with at least one valid token for the ``seq-mean-*``
+    modes, and ``1 / world_size`` for ``token-sum`` (a sum has no denominator). Summed over the
+    data-parallel ranks and divided by ``world_size`` (their gradients are averaged), it is the
+    ``normalizer`` that makes every shard's loss add up to the full-batch loss.
 
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """At least float32: bf16/fp16 log-probs lose the small ratio deviations PPO cares about."""
-    dtype = torch.float32
-    for t in tensors:
-        if t.dtype == torch.float64:
-            dtype = torch.float64
-    return dtype
+    Args:
+        mask: ``[B, T]`` bool, this rank's rows of one optimizer step.
+        loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
+        world_size: number of data-parallel ranks.
+
+    Returns:
+        A float64 scalar tensor.
+    """
+    check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    mask = as_bool_mask(mask)
+    if loss_agg_mode == "token-sum":
+        return torch.full((), 1.0 / world_size, dtype=torch.float64, device=mask.device)
+    count = mask.sum() if loss_agg_mode == "token-mean" else mask.any(dim=-1).sum()
+    return count.to(torch.float64)
 
 
 def _check_positive(name: str, value: float | None) -> None:
-    if value is not None and isinstance(value, (int, float)) and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if value is not None and isinstance(value, (int, float)):
+        check_number(name, value, low=0.0, low_open=True)
 
 
 def aggregate_loss(
@@ -101,6 +149,8 @@ def aggregate_loss(
     """Reduce a per-token loss ``[B, T]`` to a scalar (verl's ``agg_loss`` semantics).
 
     - ``token-mean``: sum over valid tokens / number of valid tokens.
+    - ``token-sum``: sum over valid tokens (divided by ``normalizer`` when given: pass the share
+      ``1 / world_size`` under data parallel, whose gradient averaging would otherwise divide the sum).
     - ``seq-mean-token-mean``: per sequence, mean over its valid tokens; then mean over sequences.
     - ``seq-mean-token-sum``: per sequence, sum over its valid tokens; then mean over sequences.
     - ``seq-mean-token-sum-norm``: per sequence, token sum / ``loss_scale_factor`` (default
@@ -121,19 +171,18 @@ def aggregate_loss(
     Returns:
         Scalar tensor (0 when nothing is valid).
     """
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     if per_token_loss.shape != mask.shape or per_token_loss.dim() != 2:
         raise ValueError(
             f"per_token_loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} must share one [B, T] shape"
         )
     _check_positive("normalizer", normalizer)
     _check_positive("loss_scale_factor", loss_scale_factor)
-    mask = _as_bool(mask)
+    mask = as_bool_mask(mask)
     dtype = per_token_loss.dtype
-    if loss_agg_mode == "token-mean":
+    if loss_agg_mode in ("token-mean", "token-sum"):
         total = masked_sum(per_token_loss, mask)
-        count = mask.sum()
+        count = mask.sum() if loss_agg_mode == "token-mean" else torch.ones((), device=mask.device)
     else:
         if loss_agg_mode == "seq-mean-token-mean":
             per_seq = masked_mean(per_token_loss, mask, dim=-1)
@@ -157,7 +206,7 @@ def policy_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    dual_clip_c: float | None = None,
+    clip_ratio_c: float | None = None,
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
@@ -165,7 +214,7 @@ def policy_loss(
     """PPO clipped surrogate with asymmetric (clip-higher) ratio bounds and optional dual clip.
 
     Per token, with ``r = exp(clamp(logp - old, -20, 20))``:
-    ``loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``; with ``dual_clip_c = c`` and
+    ``loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``; with ``clip_ratio_c = c`` and
     ``A < 0`` it is ``min(loss, -A c)`` (verl's ``clip_ratio_c``). Then aggregated by
     :func:`aggregate_loss`. Invalid positions are zeroed before any arithmetic, so garbage
     (inf/NaN) there reaches neither the loss nor the gradient.
@@ -177,7 +226,7 @@ def policy_loss(
         mask: ``[B, T]`` bool.
         clip_ratio_low: ``eps_low >= 0``.
         clip_ratio_high: ``eps_high >= 0`` (DAPO clip-higher uses 0.28).
-        dual_clip_c: dual-clip constant ``> 1`` or None (off).
+        clip_ratio_c: dual-clip constant ``> 1`` or None (off).
         loss_agg_mode: see :func:`aggregate_loss`.
         normalizer: global denominator, see :func:`aggregate_loss`.
         loss_scale_factor: constant of ``seq-mean-token-sum-norm``.
@@ -185,13 +234,13 @@ def policy_loss(
     Returns:
         ``(loss, stats)``: scalar loss (float32 or float64) and :class:`PolicyLossStats`.
     """
-    for name, eps in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
-    if dual_clip_c is not None and not (isinstance(dual_clip_c, (int, float)) and dual_clip_c > 1):
-        raise ValueError(f"dual_clip_c must be > 1 or None, got {dual_clip_c!r}")
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    check_policy_loss_args(
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
+    )
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
@@ -203,25 +252,25 @@ def policy_loss(
         raise ValueError(
             f"advantages shape {tuple(advantages.shape)} must be {tuple(logprobs.shape)} or {tuple(logprobs.shape[:1])}"
         )
-    mask = _as_bool(mask)
-    dtype = _compute_dtype(logprobs, old_logprobs, advantages)
+    mask = as_bool_mask(mask)
+    dtype = compute_dtype(logprobs, old_logprobs, advantages)
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
     adv = torch.where(mask, advantages.detach().to(dtype), zero)
     log_ratio = torch.where(mask, logprobs.to(dtype) - old_logprobs.detach().to(dtype), zero)
-    log_ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
 
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = torch.maximum(unclipped, clipped)
-    if dual_clip_c is not None:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip_c), per_token)
+    if clip_ratio_c is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
     loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
 
     with torch.no_grad():
         r = ratio.detach()
         low, high = clipped_token_masks(r, adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-        dual = (adv < 0) & (r > dual_clip_c) if dual_clip_c is not None else torch.zeros_like(mask)
+        dual = (adv < 0) & (r > clip_ratio_c) if clip_ratio_c is not None else torch.zeros_like(mask)
         lr = log_ratio.detach()
         stats = PolicyLossStats(
             clip_frac_low=masked_mean(low.to(dtype), mask),
@@ -243,6 +292,7 @@ def value_loss(
     clip_range_value: float | None = 0.2,
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO clipped value loss ``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)``, aggregated.
 
@@ -251,25 +301,23 @@ def value_loss(
         old_values: critic values at rollout time ``[B, T]`` (detached inside).
         returns: targets ``[B, T]`` (detached inside).
         mask: ``[B, T]`` bool.
-        clip_range_value: ``c >= 0``; None disables clipping (plain 0.5 squared error).
+        clip_range_value: ``c > 0``; None disables clipping (plain 0.5 squared error).
         loss_agg_mode: see :func:`aggregate_loss`.
         normalizer: global denominator, see :func:`aggregate_loss`.
+        loss_scale_factor: constant of ``seq-mean-token-sum-norm``.
 
     Returns:
         ``(loss, clip_frac)``: scalar loss and the detached fraction of valid tokens where the
         clipped term is strictly larger (the clip binds).
     """
-    if clip_range_value is not None and not (
-        isinstance(clip_range_value, (int, float)) and math.isfinite(clip_range_value) and clip_range_value >= 0
-    ):
-        raise ValueError(f"clip_range_value must be a finite number >= 0 or None, got {clip_range_value!r}")
+    check_value_loss_args(clip_range_value=clip_range_value)
     if not (values.shape == old_values.shape == returns.shape == mask.shape) or values.dim() != 2:
         raise ValueError(
             f"values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, returns {tuple(returns.shape)} "
             f"and mask {tuple(mask.shape)} must share one [B, T] shape"
         )
-    mask = _as_bool(mask)
-    dtype = _compute_dtype(values, old_values, returns)
+    mask = as_bool_mask(mask)
+    dtype = compute_dtype(values, old_values, returns)
     zero = torch.zeros((), dtype=dtype, device=values.device)
     v = torch.where(mask, values.to(dtype), zero)
     v_old = torch.where(mask, old_values.detach().to(dtype), zero)
@@ -283,5 +331,7 @@ def value_loss(
         loss_clipped = (v_clipped - target).square()
         per_token = torch.maximum(loss_plain, loss_clipped)
         frac = masked_mean((loss_clipped > loss_plain).to(dtype), mask).detach()
-    loss = 0.5 * aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer)
+    loss = 0.5 * aggregate_loss(
+        per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor
+    )
     return loss, frac

@@ -4,30 +4,41 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from lit_entropy.functional.checks import check_number
 
 __all__ = ["RolloutBatch", "RolloutEngine", "SamplingConfig", "response_mask_from_ids"]
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How to sample completions.
+    """How to sample completions (``model.sampling`` for training rollouts)."""
 
-    Attributes:
-        num_samples: completions per prompt; they come out as consecutive rows (a GRPO group).
-        temperature: softmax temperature (> 0).
-        top_p: nucleus-sampling mass in (0, 1].
-        top_k: keep the k most likely tokens; 0 disables.
-        max_new_tokens: completion length limit in tokens.
-    """
-
-    num_samples: int
+    _setting_prefix: ClassVar[str] = "model.sampling."
+    num_samples: int = 8
+    """Completions per prompt, consecutive rows of the batch: the GRPO group size."""
     temperature: float = 1.0
+    """Softmax temperature (> 0); training log-probs use the same temperature."""
     top_p: float = 1.0
+    """Nucleus-sampling mass in (0, 1]."""
     top_k: int = 0
+    """Keep the k most likely tokens; 0 disables."""
     max_new_tokens: int = 16
+    """Completion length limit in tokens."""
+
+    def __post_init__(self) -> None:
+        prefix = self._setting_prefix
+        check_number(f"{prefix}num_samples", self.num_samples, low=1, integer=True)
+        check_number(f"{prefix}temperature", self.temperature, low=0, low_open=True)
+        check_number(f"{prefix}top_p", self.top_p, low=0, high=1, low_open=True)
+        check_number(f"{prefix}top_k", self.top_k, low=0, integer=True)
+        # None only where a subclass documents a fallback (evaluation: the training limit).
+        optional = self.__dataclass_fields__["max_new_tokens"].default is None
+        check_number(f"{prefix}max_new_tokens", self.max_new_tokens, low=1, integer=True, optional=optional)
 
 
 @dataclass
@@ -45,6 +56,11 @@ class RolloutBatch:
     attention_mask: Tensor
     response_mask: Tensor
     rollout_logprobs: Tensor | None = None
+
+    def select(self, index: Tensor | slice) -> RolloutBatch:
+        """The rows ``index`` (a slice keeps views, an index tensor copies)."""
+        logprobs = None if self.rollout_logprobs is None else self.rollout_logprobs[index]
+        return RolloutBatch(self.sequences[index], self.attention_mask[index], self.response_mask[index], logprobs)
 
     @property
     def prompt_length(self) -> int:
@@ -78,7 +94,24 @@ def response_mask_from_ids(responses: Tensor, eos_token_id: int | list[int] | No
 
 
 class RolloutEngine(ABC):
-    """Samples completions from the current policy."""
+    """Samples completions from the current policy.
+
+    A config gives an engine by ``class_path`` (``model.rollout``); the module calls :meth:`attach` at setup
+    with what the engine takes from the policy, and :meth:`close` at teardown if ``attach`` started it.
+    """
+
+    def attach(
+        self, model_name_or_path: str, eos_token_id: int | list[int] | None, pad_token_id: int, seed: int
+    ) -> bool:
+        """Fill in what the engine was not given (model, token ids, seed) and start it if needed.
+
+        Returns:
+            True when this call started the engine, so the caller owns closing it.
+        """
+        return False
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources (no-op for engines without any)."""
 
     @abstractmethod
     def generate(

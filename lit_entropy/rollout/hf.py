@@ -14,13 +14,21 @@ class HFRolloutEngine(RolloutEngine):
     """Sample with ``policy.generate``; the policy is shared with the trainer, so no weight sync.
 
     Args:
-        eos_token_id: id(s) that end a completion.
-        pad_token_id: id used to pad finished rows.
+        eos_token_id: id(s) that end a completion; None = the tokenizer's (filled in by :meth:`attach`).
+        pad_token_id: id used to pad finished rows; None = the tokenizer's.
     """
 
-    def __init__(self, eos_token_id: int | list[int] | None, pad_token_id: int) -> None:
+    def __init__(self, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None) -> None:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
+
+    def attach(
+        self, model_name_or_path: str, eos_token_id: int | list[int] | None, pad_token_id: int, seed: int
+    ) -> bool:
+        """Take the tokenizer's EOS / pad ids where none were given; nothing to start."""
+        self.eos_token_id = eos_token_id if self.eos_token_id is None else self.eos_token_id
+        self.pad_token_id = pad_token_id if self.pad_token_id is None else self.pad_token_id
+        return False
 
     @torch.no_grad()
     def generate(

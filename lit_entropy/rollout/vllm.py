@@ -104,12 +104,15 @@ class VLLMRolloutEngine(RolloutEngine):
     top-k / top-p set when those filters are on (then they differ from the trainer's full-softmax
     log-probs on purpose).
 
+    In a config: ``model.rollout: {class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...}}``; the
+    model path, token ids and seed then come from the module (:meth:`attach`), which starts and closes the engine.
+
     Args:
         model_name_or_path: local directory or hub id vLLM loads the architecture, tokenizer and initial
-            weights from (the policy's ``model_name_or_path``).
+            weights from; None = the policy's ``model.policy.model_name_or_path``.
         eos_token_id: id(s) that end a completion; passed to vLLM as ``stop_token_ids`` (vLLM also stops on
-            the model's own EOS).
-        pad_token_id: id written after the end of shorter completions.
+            the model's own EOS); None = the policy tokenizer's.
+        pad_token_id: id written after the end of shorter completions; None = the policy tokenizer's.
         gpu_memory_utilization: fraction of the device memory vLLM may take for weights and KV cache (TRL's
             default 0.3, since the trainer shares the GPU). On the CPU backend it is the fraction of RAM
             reserved; pass ``extra_engine_kwargs={"kv_cache_memory_bytes": ...}`` for a fixed, small cache.
@@ -123,9 +126,10 @@ class VLLMRolloutEngine(RolloutEngine):
             2 discards them (TRL's choice): the next push, or the next generation, then pushes the policy again
             through ``reload_weights``, the restore path vLLM documents for level 2 (vLLM backs up the named
             buffers, e.g. RoPE caches, since PR 16889; some models still corrupt, NeMo-RL issue 2631).
-        seed: engine seed; rank ``r`` of a multi-process run uses ``seed + r // tensor_parallel_size``, so the
-            ranks of one TP group sample alike and data-parallel replicas differ. vLLM seeds the process-global
-            RNGs with it when the engine starts (it runs in the training process).
+        seed: engine seed (None = the trainer's seed); rank ``r`` of a multi-process run uses
+            ``seed + r // tensor_parallel_size``, so the ranks of one TP group sample alike and data-parallel
+            replicas differ. vLLM seeds the process-global RNGs with it when the engine starts (it runs in the
+            training process).
         tensor_parallel_size: GPUs per engine; > 1 needs a ``torch.distributed`` run whose world size it
             divides.
         initial_sync: push the policy's weights before the first generation (see above).
@@ -135,9 +139,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(
         self,
-        model_name_or_path: str,
-        eos_token_id: int | list[int] | None,
-        pad_token_id: int,
+        model_name_or_path: str | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
         *,
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
@@ -145,7 +149,7 @@ class VLLMRolloutEngine(RolloutEngine):
         enforce_eager: bool = True,
         enable_sleep: bool = False,
         sleep_level: int = 1,
-        seed: int = 0,
+        seed: int | None = None,
         tensor_parallel_size: int = 1,
         initial_sync: bool = True,
         extra_engine_kwargs: dict[str, Any] | None = None,
@@ -158,7 +162,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
-        self.model_name_or_path = str(model_name_or_path)
+        self.model_name_or_path = None if model_name_or_path is None else str(model_name_or_path)
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -186,6 +190,20 @@ class VLLMRolloutEngine(RolloutEngine):
     @property
     def started(self) -> bool:
         return self._llm is not None
+
+    def attach(
+        self, model_name_or_path: str, eos_token_id: int | list[int] | None, pad_token_id: int, seed: int
+    ) -> bool:
+        """Take the policy's model path, token ids and seed where none were given, and start the engine."""
+        if self.model_name_or_path is None:
+            self.model_name_or_path = str(model_name_or_path)
+        self.eos_token_id = eos_token_id if self.eos_token_id is None else self.eos_token_id
+        self.pad_token_id = pad_token_id if self.pad_token_id is None else self.pad_token_id
+        self.seed = seed if self.seed is None else self.seed
+        if self.started:
+            return False
+        self.start()
+        return True
 
     @property
     def llm(self) -> Any:
@@ -219,33 +237,11 @@ class VLLMRolloutEngine(RolloutEngine):
             "tensor_parallel_size": self.tensor_parallel_size,
             # Log-probs of the distribution sampled from (temperature, top-k/top-p), as TRL does for IS.
             "logprobs_mode": "processed_logprobs",
-            "seed": self.seed,
+            "seed": self.seed or 0,
         }
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
-        self._external_launcher = False
-        distributed = dist.is_available() and dist.is_initialized()
-        world = dist.get_world_size() if distributed else 1
-        # A process group that vLLM did not create itself (no vLLM engine alive here) is the trainer's: share it
-        # through the external launcher instead of letting vLLM create, and at shutdown destroy, the default group.
-        if distributed and (world > 1 or not model_parallel_is_initialized()):
-            if world % self.tensor_parallel_size:
-                raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} must divide the world size {world}")
-            rank = dist.get_rank()
-            self._set_launcher_env(rank, world)
-            kwargs["distributed_executor_backend"] = "external_launcher"
-            kwargs["seed"] = self.seed + rank // self.tensor_parallel_size
-            self._external_launcher = True
-            if self.tensor_parallel_size > 1:
-                tp = self.tensor_parallel_size
-                self._tp_group, _ = dist.new_subgroups_by_enumeration(
-                    [list(range(s, s + tp)) for s in range(0, world, tp)]
-                )
-        elif self.tensor_parallel_size > 1:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} needs a torch.distributed run (one engine shard "
-                "per rank, external launcher); this process has no process group"
-            )
+        kwargs.update(self._join_process_group(model_parallel_is_initialized()))
         use_sleep = self.enable_sleep and current_platform.is_sleep_mode_available()
         if self.enable_sleep and not use_sleep:
             warnings.warn(
@@ -260,6 +256,33 @@ class VLLMRolloutEngine(RolloutEngine):
         self._sampling_params_cls = vllm.SamplingParams
         if use_sleep:
             self._sleep()
+
+    def _join_process_group(self, vllm_group_exists: bool) -> dict[str, Any]:
+        """Engine arguments that make vLLM share the trainer's process group (external launcher), if there is one.
+
+        A process group that vLLM did not create itself (no vLLM engine alive here) is the trainer's: share it
+        through the external launcher instead of letting vLLM create, and at shutdown destroy, the default group.
+        """
+        self._external_launcher = False
+        distributed = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size() if distributed else 1
+        if not (distributed and (world > 1 or not vllm_group_exists)):
+            if self.tensor_parallel_size > 1:
+                raise ValueError(
+                    f"tensor_parallel_size={self.tensor_parallel_size} needs a torch.distributed run (one engine "
+                    "shard per rank, external launcher); this process has no process group"
+                )
+            return {}
+        if world % self.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} must divide the world size {world}")
+        rank = dist.get_rank()
+        self._set_launcher_env(rank, world)
+        self._external_launcher = True
+        if self.tensor_parallel_size > 1:
+            tp = self.tensor_parallel_size
+            self._tp_group, _ = dist.new_subgroups_by_enumeration([list(range(s, s + tp)) for s in range(0, world, tp)])
+        seed = (self.seed or 0) + rank // self.tensor_parallel_size
+        return {"distributed_executor_backend": "external_launcher", "seed": seed}
 
     @staticmethod
     def _set_launcher_env(rank: int, world: int) -> None:

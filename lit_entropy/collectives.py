@@ -1,7 +1,8 @@
 """Collectives over the default process group that degrade to no-ops in a single process.
 
-Mask-providing callbacks select tokens from *global* batch statistics; these helpers are how they
-see the other ranks. Every rank must call them in the same order.
+Mask-providing callbacks select tokens from *global* batch statistics and the module normalises its
+loss by global counts; these helpers are how they see the other ranks. Every rank must call them in
+the same order.
 """
 
 from __future__ import annotations
@@ -12,12 +13,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_counts", "all_gather_equal", "all_gather_values", "all_reduce_sum", "is_distributed"]
+__all__ = [
+    "all_gather_counts",
+    "all_gather_equal",
+    "all_gather_values",
+    "all_reduce_sum",
+    "is_distributed",
+    "world_size",
+]
 
 
 def is_distributed() -> bool:
     """True inside an initialised process group of more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """Number of ranks of the default process group (1 without one)."""
+    return dist.get_world_size() if is_distributed() else 1
 
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:

@@ -1,0 +1,388 @@
+"""Grouped, typed settings of :class:`~lit_entropy.module.RFTModule`, one dataclass per concern.
+
+LightningCLI shows them nested (``--model.loss.clip_ratio_high 0.28``) and documents every field from
+its attribute docstring. Each group checks itself in ``__post_init__`` with the functional layer's own
+checkers and constants (:mod:`lit_entropy.functional.checks`), so what a setting accepts is exactly what
+the code that uses it accepts; errors name the dotted setting, the value and what is allowed.
+Sampling settings are :class:`~lit_entropy.rollout.base.SamplingConfig` (training rollouts) and its
+subclass :class:`EvaluationConfig` (validation and test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, Literal
+
+from lightning.pytorch.cli import OptimizerCallable
+
+from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
+from lit_entropy.functional.checks import check_choice, check_number
+from lit_entropy.functional.kl import check_kl_type
+from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
+from lit_entropy.rollout.base import SamplingConfig
+
+__all__ = [
+    "LEGACY_MODEL_KEYS",
+    "AdvantageConfig",
+    "EvaluationConfig",
+    "LoggingConfig",
+    "LossConfig",
+    "OptimConfig",
+    "PPOConfig",
+    "PolicyConfig",
+    "RFTSettings",
+    "RewardConfig",
+    "UpdateConfig",
+    "check_legacy_model_keys",
+]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy model and how its forward pass runs."""
+
+    model_name_or_path: str | None = None
+    """Local directory (or hub id) of the policy; null = the embedded tiny model."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """dtype the weights are loaded in (``auto`` = the checkpoint's)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass."""
+    fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    """FSDP2 only: dtype of the all-gathered parameters; null = follow the trainer precision."""
+    logprob_chunk_size: int | None = None
+    """Rows per chunk of the vocabulary pass; null = automatic."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.policy.dtype", self.dtype, DTYPES)
+        if self.fsdp_param_dtype is not None:
+            check_choice("model.policy.fsdp_param_dtype", self.fsdp_param_dtype, DTYPES[1:])
+        check_number("model.policy.logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True, optional=True)
+
+
+@dataclass(frozen=True)
+class EvaluationConfig(SamplingConfig):
+    """Sampling and metrics at validation / test: K samples per prompt, Avg@K and Pass@k."""
+
+    _setting_prefix = "model.evaluation."
+    num_samples: int = 8
+    """K: completions sampled per prompt."""
+    temperature: float = 0.7
+    """Sampling temperature."""
+    max_new_tokens: int | None = None  # type: ignore[assignment]
+    """Completion length limit in tokens; null = ``model.sampling.max_new_tokens``."""
+    pass_k: list[int] | None = None
+    """The k of ``pass@k``; null = 1, 2, 4, ... up to K."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for k in self.pass_k or []:
+            check_number(
+                f"model.evaluation.pass_k (K={self.num_samples})", k, low=1, high=self.num_samples, integer=True
+            )
+
+    def sampling_config(self, training: SamplingConfig) -> SamplingConfig:
+        """These settings as a plain :class:`SamplingConfig`, with ``training``'s length limit when unset."""
+        max_new_tokens = training.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+        return SamplingConfig(self.num_samples, self.temperature, self.top_p, self.top_k, max_new_tokens)
+
+    def pass_ks(self) -> list[int]:
+        """The k ladder: the configured values, or the powers of two up to K."""
+        if self.pass_k:
+            return sorted(set(self.pass_k))
+        return [2**i for i in range(self.num_samples.bit_length()) if 2**i <= self.num_samples]
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How completions are scored, and what counts as a correct answer."""
+
+    fn: str = "exact_match"
+    """``exact_match``, ``math_verify`` or an import path ``pkg.module:function``."""
+    correct_threshold: float = 1.0
+    """A sample counts as correct for Avg@K / Pass@K when its reward is >= this (1.0 suits 0/1 rewards)."""
+
+    def __post_init__(self) -> None:
+        check_number("model.reward.correct_threshold", self.correct_threshold)
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become per-token advantages."""
+
+    scale: Literal["group", "batch", "none"] = "group"
+    """GRPO: divide centred rewards by the group std (``group``), the batch std, or not (``none`` = Dr.GRPO)."""
+    rollout_is_threshold: float | None = None
+    """Truncated importance sampling against the rollout engine's log-probs: scale each token's advantage by
+    ``min(exp(logp_old - logp_rollout), threshold)``; null = off. Needs an engine that reports log-probs (vLLM)."""
+
+    def __post_init__(self) -> None:
+        check_advantage_scale(self.scale, name="model.advantages.scale")
+        check_number(
+            "model.advantages.rollout_is_threshold", self.rollout_is_threshold, low=0, low_open=True, optional=True
+        )
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The policy loss and its extra terms (names follow verl)."""
+
+    clip_ratio_low: float = 0.2
+    """PPO ratio clip below 1, in [0, 1)."""
+    clip_ratio_high: float = 0.2
+    """PPO ratio clip above 1 (DAPO clip-higher: 0.28)."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off."""
+    loss_agg_mode: str = "token-mean"
+    """``token-mean`` (DAPO), ``token-sum``, ``seq-mean-token-mean`` (GRPO), ``seq-mean-token-sum``,
+    ``seq-mean-token-sum-norm`` (Dr.GRPO)."""
+    loss_scale_factor: float | None = None
+    """Constant divisor of ``seq-mean-token-sum-norm``; null = ``model.sampling.max_new_tokens`` (Dr.GRPO's
+    generation budget), never the padded width of a batch."""
+    kl_coef: float = 0.0
+    """Weight of the KL-to-reference loss; > 0 loads a frozen reference model."""
+    kl_type: str = "k3"
+    """KL estimator: ``k1`` (``kl``), ``k2`` (``mse``), ``k3`` (``low_var_kl``), ``abs``, each optionally with ``+``."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+
+    def __post_init__(self) -> None:
+        check_policy_loss_args(
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor,
+            prefix="model.loss.",
+        )
+        check_kl_type(self.kl_type, name="model.loss.kl_type")
+        check_number("model.loss.kl_coef", self.kl_coef, low=0)
+        check_number("model.loss.entropy_coef", self.entropy_coef, low=0)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO only (``model.algorithm: ppo``): GAE on a learned value."""
+
+    gamma: float = 1.0
+    """Discount, in [0, 1]."""
+    lam: float = 1.0
+    """GAE lambda, in [0, 1]."""
+    whiten_advantages: bool = True
+    """Whiten GAE advantages over the batch."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    clip_range_value: float | None = 0.2
+    """Value clipping range (> 0; TRL's default 0.2, verl's 0.5); null = no clipping."""
+    critic_model_name_or_path: str | None = None
+    """Separate critic backbone; null = a value head on the policy."""
+
+    def __post_init__(self) -> None:
+        check_gae_args(gamma=self.gamma, lam=self.lam, prefix="model.ppo.")
+        check_value_loss_args(clip_range_value=self.clip_range_value, prefix="model.ppo.")
+        check_number("model.ppo.value_coef", self.value_coef, low=0)
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """How each rollout batch updates the policy."""
+
+    epochs: int = 1
+    """Passes over each rollout batch (``ppo_epochs``)."""
+    mini_batch_size: int | None = None
+    """Sequences per optimizer step (per rank); null = the whole rollout batch."""
+    micro_batch_size: int | None = None
+    """Sequences per forward pass (gradient accumulation); null = the mini-batch."""
+    fuse_old_logprob_pass: bool = True
+    """With exactly one update per rollout batch, reuse the update's forward for the old log-probs and
+    statistics instead of a separate no-grad pass (as TRL does)."""
+    max_consecutive_skips: int = 10
+    """Stop with an error after this many consecutive skipped updates (non-finite loss or gradient norm)."""
+
+    def __post_init__(self) -> None:
+        check_number("model.update.epochs", self.epochs, low=1, integer=True)
+        check_number("model.update.mini_batch_size", self.mini_batch_size, low=1, integer=True, optional=True)
+        check_number("model.update.micro_batch_size", self.micro_batch_size, low=1, integer=True, optional=True)
+        check_number("model.update.max_consecutive_skips", self.max_consecutive_skips, low=1, integer=True)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule.
+
+    The built-in optimizer is AdamW(lr, weight_decay). A custom ``optimizer`` carries its own lr and weight
+    decay, so giving ``lr`` or ``weight_decay`` with it is refused rather than silently ignored.
+    """
+
+    lr: float | None = None
+    """AdamW learning rate; null = 1e-5 (must stay null with a custom ``optimizer``)."""
+    weight_decay: float | None = None
+    """AdamW weight decay; null = 0 (must stay null with a custom ``optimizer``)."""
+    optimizer: OptimizerCallable | None = None
+    """A custom optimizer (``class_path`` + ``init_args``, which hold its lr) replacing AdamW."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up, over all optimizer steps."""
+    max_grad_norm: float | None = 1.0
+    """Global gradient-norm clip; null = no clipping (the norm is still logged)."""
+
+    def __post_init__(self) -> None:
+        check_number("model.optim.lr", self.lr, low=0, low_open=True, optional=True)
+        check_number("model.optim.weight_decay", self.weight_decay, low=0, optional=True)
+        if self.optimizer is not None and (self.lr is not None or self.weight_decay is not None):
+            raise ValueError(
+                f"model.optim.lr={self.lr} / model.optim.weight_decay={self.weight_decay} would be ignored: a custom "
+                "model.optim.optimizer takes its own lr and weight_decay (set them in its init_args and leave "
+                "model.optim.lr / weight_decay null)"
+            )
+        check_number("model.optim.warmup_steps", self.warmup_steps, low=0, integer=True)
+        check_choice("model.optim.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_number("model.optim.max_grad_norm", self.max_grad_norm, low=0, low_open=True, optional=True)
+
+    @property
+    def adamw_lr(self) -> float:
+        return 1e-5 if self.lr is None else self.lr
+
+    @property
+    def adamw_weight_decay(self) -> float:
+        return 0.0 if self.weight_decay is None else self.weight_decay
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Sample logging and the export of the trained policy."""
+
+    log_samples_every_n_steps: int = 10
+    """How often to log sample completions and the entropy histogram (0 = never)."""
+    num_logged_samples: int = 4
+    """Prompts whose completions are shown per logging."""
+    export_dir: str | None = None
+    """Where ``fit`` exports the trained policy (``save_pretrained`` + tokenizer); null = ``<log_dir>/hf_model``."""
+    export_on_train_end: bool = True
+    """Export the policy when ``fit`` ends."""
+
+    def __post_init__(self) -> None:
+        check_number("model.logging.log_samples_every_n_steps", self.log_samples_every_n_steps, low=0, integer=True)
+        check_number("model.logging.num_logged_samples", self.num_logged_samples, low=0, integer=True)
+
+
+_GROUP_FIELDS = {
+    "policy": ("model_name_or_path", "gradient_checkpointing", "fsdp_param_dtype", "logprob_chunk_size"),
+    "sampling": ("temperature", "top_p", "top_k", "max_new_tokens"),
+    "loss": ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "kl_coef", "kl_type", "entropy_coef"),
+    "ppo": ("gamma", "lam", "value_coef", "clip_range_value", "critic_model_name_or_path", "whiten_advantages"),
+    "update": ("mini_batch_size", "micro_batch_size", "fuse_old_logprob_pass", "max_consecutive_skips"),
+    "optim": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
+    "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
+}
+LEGACY_MODEL_KEYS: dict[str, str] = {
+    **{old: f"model.{group}.{old}" for group, names in _GROUP_FIELDS.items() for old in names},
+    "model_dtype": "model.policy.dtype",
+    "group_size": "model.sampling.num_samples",
+    "reward_fn": "model.reward.fn",
+    "advantage_scale": "model.advantages.scale",
+    "rollout_is_threshold": "model.advantages.rollout_is_threshold",
+    "dual_clip_c": "model.loss.clip_ratio_c",
+    "ppo_epochs": "model.update.epochs",
+    "optimizer": "model.optim.optimizer",
+    "val_num_samples": "model.evaluation.num_samples",
+    "val_temperature": "model.evaluation.temperature",
+    "val_top_p": "model.evaluation.top_p",
+    "val_max_new_tokens": "model.evaluation.max_new_tokens",
+    "val_pass_k": "model.evaluation.pass_k",
+    "vllm_options": "model.rollout (class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...})",
+    "rollout_engine": "model.rollout",
+}
+"""Flat ``RFTModule`` keys of lit_entropy 0.1 and the nested setting that replaced each."""
+
+
+def check_legacy_model_keys(settings: Mapping[str, Any], where: str) -> None:
+    """Raise a ValueError naming the new key for every pre-0.2 flat ``model.*`` key in ``settings``.
+
+    Args:
+        settings: what was found under ``model`` (a config file's ``model:`` mapping, or ``--model.X`` arguments).
+        where: what held them (a file name or "the command line"), for the message.
+    """
+    old = [k for k in settings if k in LEGACY_MODEL_KEYS]
+    engine = settings.get("rollout")
+    if isinstance(engine, str) and engine in ("hf", "vllm"):
+        raise ValueError(
+            f"{where}: model.rollout={engine!r} is no longer a name: give an engine by class_path, e.g. "
+            "model.rollout: {class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {max_model_len: 4096}} "
+            "(null = Hugging Face generate on the policy)"
+        )
+    if old:
+        moves = "; ".join(f"model.{k} -> {LEGACY_MODEL_KEYS[k]}" for k in old)
+        raise ValueError(
+            f"{where} uses setting names that lit_entropy 0.2 replaced by grouped settings: {moves} "
+            "(CHANGELOG.md has the full table)"
+        )
+
+
+@dataclass(frozen=True)
+class RFTSettings:
+    """All settings of one :class:`RFTModule` (see :mod:`lit_entropy.settings` for each group)."""
+
+    policy: PolicyConfig
+    algorithm: Literal["grpo", "ppo"]
+    sampling: SamplingConfig
+    reward: RewardConfig
+    advantages: AdvantageConfig
+    loss: LossConfig
+    ppo: PPOConfig | None
+    update: UpdateConfig
+    optim: OptimConfig
+    evaluation: EvaluationConfig
+    logging: LoggingConfig
+
+    @classmethod
+    def build(cls, **groups: Any) -> RFTSettings:
+        """Settings from group objects or plain mappings (checkpoints store the groups as dicts).
+
+        Missing groups take their defaults; ``algorithm: ppo`` without a ``ppo`` group gets :class:`PPOConfig`'s.
+        """
+        unknown = sorted(set(groups) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown RFTModule settings {unknown}")
+        values: dict[str, Any] = {"algorithm": groups.get("algorithm", "grpo")}
+        for name, group in _GROUP_TYPES.items():
+            value = groups.get(name, None if name == "ppo" else group())
+            values[name] = group(**value) if isinstance(value, Mapping) else value
+        if values["algorithm"] == "ppo" and values["ppo"] is None:
+            values["ppo"] = PPOConfig()
+        return cls(**values)
+
+    def to_hparams(self) -> dict[str, Any]:
+        """Plain-data form for checkpoints and HPARAMS (a custom optimizer callable is left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: asdict(v) if is_dataclass(v) else v for k, v in out.items()}
+        out["optim"].pop("optimizer", None)
+        return out
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ("grpo", "ppo"):
+            raise ValueError(f"model.algorithm must be 'grpo' or 'ppo', got {self.algorithm!r}")
+        if self.algorithm == "grpo" and self.sampling.num_samples < 2:
+            raise ValueError(f"model.sampling.num_samples must be >= 2 for grpo, got {self.sampling.num_samples}")
+        if self.algorithm == "grpo" and self.ppo is not None:
+            raise ValueError(
+                "model.ppo is set but model.algorithm is 'grpo': set model.algorithm: ppo or drop model.ppo"
+            )
+
+
+_GROUP_TYPES: dict[str, type] = {
+    "policy": PolicyConfig,
+    "sampling": SamplingConfig,
+    "reward": RewardConfig,
+    "advantages": AdvantageConfig,
+    "loss": LossConfig,
+    "ppo": PPOConfig,
+    "update": UpdateConfig,
+    "optim": OptimConfig,
+    "evaluation": EvaluationConfig,
+    "logging": LoggingConfig,
+}

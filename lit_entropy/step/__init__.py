@@ -1,0 +1,45 @@
+"""Lightning-free pieces of one RL training step: forward statistics, experience, loss, update schedule.
+
+:class:`~lit_entropy.module.RFTModule` composes them; each is importable and testable without a Trainer.
+"""
+
+from lit_entropy.step.experience import (
+    Experience,
+    RolloutStatistics,
+    build_experience,
+    gae_token_advantages,
+    group_token_advantages,
+    truncated_is_weights,
+)
+from lit_entropy.step.forward import ResponseForward, response_forward, response_logits, value_estimates
+from lit_entropy.step.loss import UpdateLoss, global_loss_normalizer, update_loss
+from lit_entropy.step.schedule import (
+    build_optimizer,
+    clip_grad_norm_and_agree,
+    lr_multiplier,
+    row_slices,
+    single_update,
+    updates_per_batch,
+)
+
+__all__ = [
+    "Experience",
+    "ResponseForward",
+    "RolloutStatistics",
+    "UpdateLoss",
+    "build_experience",
+    "build_optimizer",
+    "clip_grad_norm_and_agree",
+    "gae_token_advantages",
+    "global_loss_normalizer",
+    "group_token_advantages",
+    "lr_multiplier",
+    "response_forward",
+    "response_logits",
+    "row_slices",
+    "single_update",
+    "truncated_is_weights",
+    "update_loss",
+    "updates_per_batch",
+    "value_estimates",
+]

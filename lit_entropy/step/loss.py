@@ -1,0 +1,109 @@
+"""The update loss of some rows of a rollout batch: policy loss plus KL, entropy, penalty and value terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lit_entropy.collectives import all_reduce_sum, world_size
+from lit_entropy.functional.kl import kl_penalty
+from lit_entropy.functional.policy_loss import (
+    LOG_RATIO_CLAMP,
+    aggregate_loss,
+    loss_normalizer_count,
+    policy_loss,
+    value_loss,
+)
+from lit_entropy.settings import RFTSettings
+from lit_entropy.step.experience import Experience
+from lit_entropy.step.forward import ResponseForward
+
+__all__ = ["UpdateLoss", "global_loss_normalizer", "update_loss"]
+
+
+@dataclass
+class UpdateLoss:
+    """Result of :func:`update_loss`.
+
+    Attributes:
+        loss: the scalar to back-propagate.
+        terms: detached scalar terms for logging (``pg_loss``, ``approx_kl``, ``kl``, ``entropy_bonus``,
+            ``token_penalty``, ``value_loss``, ``value_clip_frac``: only those that are on).
+        ratio: detached importance ratio ``pi / pi_old`` per token ``[n, T]`` (clip-ratio metrics).
+    """
+
+    loss: Tensor
+    terms: dict[str, Tensor]
+    ratio: Tensor
+
+
+def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:
+    """This rank's share of the global loss denominator of one optimizer step (every rank must call it).
+
+    Args:
+        mask: ``[n, T]`` bool loss mask of this rank's rows of the step.
+        loss_agg_mode: the aggregation mode.
+    """
+    world = world_size()
+    count = loss_normalizer_count(mask, loss_agg_mode, world).reshape(1)
+    return max(float(all_reduce_sum(count)) / world, 1e-12)
+
+
+def update_loss(
+    forward: ResponseForward,
+    rows: Experience,
+    settings: RFTSettings,
+    *,
+    normalizer: float,
+    values: Tensor | None = None,
+) -> UpdateLoss:
+    """Loss of ``rows`` given their current forward.
+
+    Args:
+        forward: the policy's forward over exactly these rows.
+        rows: the rows' experience (advantages, old/ref log-probs, loss mask, penalty, PPO targets, and the
+            batch's loss ``coefficients``: ``entropy_coef``).
+        settings: the run's settings (``loss``; ``ppo`` with ``values``; ``sampling.max_new_tokens`` is the
+            Dr.GRPO constant of ``seq-mean-token-sum-norm`` unless ``loss.loss_scale_factor`` is set).
+        normalizer: global denominator share of the optimizer step (see :func:`global_loss_normalizer`).
+        values: current critic values ``[n, T]`` (PPO), else None.
+    """
+    config, ppo = settings.loss, settings.ppo
+    stats, mask = forward.stats, rows.loss_mask
+    scale = config.loss_scale_factor or settings.sampling.max_new_tokens
+    agg = {"loss_agg_mode": config.loss_agg_mode, "normalizer": normalizer, "loss_scale_factor": scale}
+    loss, pg = policy_loss(
+        stats.logprobs,
+        rows.old_logprobs,
+        rows.advantages,
+        mask,
+        clip_ratio_low=config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio_high,
+        clip_ratio_c=config.clip_ratio_c,
+        **agg,
+    )
+    terms = {"pg_loss": loss.detach(), "approx_kl": pg.approx_kl}
+    if config.kl_coef > 0:
+        kl = aggregate_loss(kl_penalty(stats.logprobs, rows.ref_logprobs, kind=config.kl_type), mask, **agg)
+        loss = loss + config.kl_coef * kl
+        terms["kl"] = kl.detach()
+    entropy_coef = rows.coefficients.get("entropy_coef", config.entropy_coef)
+    if entropy_coef != 0:
+        bonus = aggregate_loss(stats.entropy, mask, **agg)
+        loss = loss - entropy_coef * bonus
+        terms["entropy_bonus"] = bonus.detach()
+    if rows.penalty is not None:
+        penalty = aggregate_loss(rows.penalty * (stats.logprobs - rows.old_logprobs).abs(), mask, **agg)
+        loss = loss + penalty
+        terms["token_penalty"] = penalty.detach()
+    if values is not None:
+        v_loss, v_clip = value_loss(
+            values, rows.old_values, rows.returns, mask, clip_range_value=ppo.clip_range_value, **agg
+        )
+        loss = loss + ppo.value_coef * v_loss
+        terms["value_loss"] = v_loss.detach()
+        terms["value_clip_frac"] = v_clip
+    log_ratio = (stats.logprobs.detach() - rows.old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return UpdateLoss(loss=loss, terms=terms, ratio=torch.exp(log_ratio))

@@ -1,0 +1,157 @@
+"""Grouped settings: they accept exactly what the functional layer accepts, name the dotted setting on errors,
+round-trip through checkpoints, and every pre-0.2 flat key points at a real new field."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+
+import pytest
+
+from lit_entropy.functional import ADVANTAGE_SCALES, KL_KINDS, LOSS_AGG_MODES
+from lit_entropy.rollout import SamplingConfig
+from lit_entropy.settings import (
+    LEGACY_MODEL_KEYS,
+    AdvantageConfig,
+    EvaluationConfig,
+    LoggingConfig,
+    LossConfig,
+    OptimConfig,
+    PolicyConfig,
+    PPOConfig,
+    RewardConfig,
+    RFTSettings,
+    UpdateConfig,
+)
+
+# The defining modules (``lit_entropy.functional.policy_loss`` is also the name of a function there).
+advantages_module = importlib.import_module("lit_entropy.functional.advantages")
+kl_module = importlib.import_module("lit_entropy.functional.kl")
+policy_loss_module = importlib.import_module("lit_entropy.functional.policy_loss")
+
+# Every name any functional constant knows, plus near misses: the settings must accept exactly their own list.
+CANDIDATES = sorted({*LOSS_AGG_MODES, *KL_KINDS, *ADVANTAGE_SCALES, "token_mean", "K3", "k4", "seq-mean", "", "none "})
+
+
+def _accepts(make) -> bool:
+    try:
+        make()
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("constant", "make"),
+    [
+        (LOSS_AGG_MODES, lambda name: LossConfig(loss_agg_mode=name)),
+        (KL_KINDS, lambda name: LossConfig(kl_type=name)),
+        (ADVANTAGE_SCALES, lambda name: AdvantageConfig(scale=name)),
+    ],
+)
+def test_settings_accept_exactly_the_functional_names(constant, make):
+    accepted = {name for name in CANDIDATES if _accepts(lambda name=name: make(name))}
+    assert accepted == set(constant)
+
+
+@pytest.mark.parametrize(
+    ("module", "attribute", "make"),
+    [
+        (policy_loss_module, "LOSS_AGG_MODES", lambda: LossConfig(loss_agg_mode="my-mode")),
+        (kl_module, "KL_KINDS", lambda: LossConfig(kl_type="k9")),
+        (advantages_module, "ADVANTAGE_SCALES", lambda: AdvantageConfig(scale="rank")),
+    ],
+)
+def test_a_name_added_to_the_functional_layer_needs_no_second_edit(monkeypatch, module, attribute, make):
+    assert not _accepts(make)
+    new_name = {"LOSS_AGG_MODES": "my-mode", "KL_KINDS": "k9", "ADVANTAGE_SCALES": "rank"}[attribute]
+    monkeypatch.setattr(module, attribute, (*getattr(module, attribute), new_name))
+    assert _accepts(make)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: PPOConfig(gamma=1.5), r"model.ppo.gamma must be a number in \[0, 1\], got 1.5"),
+        (lambda: PPOConfig(lam=-0.1), r"model.ppo.lam must be a number in \[0, 1\], got -0.1"),
+        (lambda: PPOConfig(clip_range_value=0.0), r"model.ppo.clip_range_value must be a number > 0 or null, got 0.0"),
+        (lambda: PPOConfig(clip_range_value=math.inf), r"model.ppo.clip_range_value .* got inf"),
+        (lambda: PPOConfig(value_coef=-1.0), r"model.ppo.value_coef must be a number >= 0, got -1.0"),
+        (lambda: LossConfig(clip_ratio_low=1.0), r"model.loss.clip_ratio_low must be a number in \[0, 1\), got 1.0"),
+        (lambda: LossConfig(clip_ratio_high=-0.1), r"model.loss.clip_ratio_high must be a number >= 0, got -0.1"),
+        (lambda: LossConfig(clip_ratio_c=1.0), r"model.loss.clip_ratio_c must be a number > 1 or null, got 1.0"),
+        (lambda: LossConfig(kl_coef=-0.1), r"model.loss.kl_coef must be a number >= 0, got -0.1"),
+        (lambda: LossConfig(entropy_coef=math.nan), r"model.loss.entropy_coef must be a number >= 0, got nan"),
+        (lambda: LossConfig(loss_scale_factor=0), r"model.loss.loss_scale_factor must be a number > 0 or null, got 0"),
+        (lambda: SamplingConfig(top_p=1.5), r"model.sampling.top_p must be a number in \(0, 1\], got 1.5"),
+        (lambda: SamplingConfig(num_samples=2.5), r"model.sampling.num_samples must be an integer >= 1, got 2.5"),
+        (lambda: EvaluationConfig(temperature=0), r"model.evaluation.temperature must be a number > 0, got 0"),
+        (lambda: EvaluationConfig(num_samples=4, pass_k=[8]), r"model.evaluation.pass_k \(K=4\) .* got 8"),
+        (lambda: UpdateConfig(epochs=0), r"model.update.epochs must be an integer >= 1, got 0"),
+        (lambda: OptimConfig(lr=0), r"model.optim.lr must be a number > 0 or null, got 0"),
+        (lambda: OptimConfig(lr_schedule="step"), r"model.optim.lr_schedule must be one of .*got 'step'"),
+        (lambda: PolicyConfig(dtype="int8"), r"model.policy.dtype must be one of .*got 'int8'"),
+        (lambda: AdvantageConfig(rollout_is_threshold=-1.0), r"model.advantages.rollout_is_threshold .* got -1.0"),
+    ],
+)
+def test_out_of_range_settings_name_the_setting_and_the_value(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_cross_group_rules():
+    groups = dict(policy=PolicyConfig(), sampling=SamplingConfig(), advantages=AdvantageConfig(), loss=LossConfig())
+    groups.update(update=UpdateConfig(), optim=OptimConfig(), evaluation=EvaluationConfig(), ppo=None)
+    groups.update(reward=RewardConfig(), logging=LoggingConfig())
+    with pytest.raises(ValueError, match=r"model.sampling.num_samples must be >= 2 for grpo, got 1"):
+        RFTSettings.build(**{**groups, "algorithm": "grpo", "sampling": SamplingConfig(num_samples=1)})
+    with pytest.raises(ValueError, match=r"model.ppo is set but model.algorithm is 'grpo'"):
+        RFTSettings.build(**{**groups, "algorithm": "grpo", "ppo": PPOConfig()})
+    ppo = RFTSettings.build(**{**groups, "algorithm": "ppo", "sampling": SamplingConfig(num_samples=1)})
+    assert ppo.ppo == PPOConfig()  # PPO without its group gets the group's defaults
+
+
+def test_a_custom_optimizer_and_lr_cannot_both_be_given():
+    def sgd(params):
+        return None
+
+    assert OptimConfig(optimizer=sgd).adamw_lr == 1e-5  # unused, but the default is documented
+    for kwargs in ({"lr": 1e-3}, {"weight_decay": 0.1}):
+        with pytest.raises(ValueError, match=r"would be ignored: a custom model.optim.optimizer"):
+            OptimConfig(optimizer=sgd, **kwargs)
+
+
+def test_settings_round_trip_through_plain_checkpoint_data():
+    settings = RFTSettings.build(
+        policy=PolicyConfig("some/dir"),
+        algorithm="ppo",
+        sampling=SamplingConfig(num_samples=4),
+        reward=RewardConfig(fn="math_verify"),
+        advantages=AdvantageConfig(),
+        loss=LossConfig(kl_coef=0.1),
+        ppo=PPOConfig(gamma=0.9),
+        update=UpdateConfig(epochs=2),
+        optim=OptimConfig(warmup_steps=2, optimizer=lambda params: None),
+        evaluation=EvaluationConfig(pass_k=[1, 4]),
+        logging=LoggingConfig(export_dir="out"),
+    )
+    hparams = settings.to_hparams()
+    assert all(isinstance(v, (dict, str, type(None))) for v in hparams.values())
+    assert "optimizer" not in hparams["optim"]
+    restored = RFTSettings.build(**hparams)
+    assert restored.ppo == PPOConfig(gamma=0.9) and restored.evaluation.pass_k == [1, 4]
+    assert dataclasses.replace(settings, optim=OptimConfig(warmup_steps=2)) == restored
+
+
+def test_every_legacy_key_points_at_an_existing_setting():
+    from lit_entropy.settings import _GROUP_TYPES
+
+    for old, new in LEGACY_MODEL_KEYS.items():
+        path = new.split(" ")[0].split(".")
+        assert path[0] == "model", old
+        if len(path) == 2:  # a whole group (model.rollout)
+            assert path[1] == "rollout", old
+            continue
+        group = _GROUP_TYPES[path[1]]
+        assert path[2] in {f.name for f in dataclasses.fields(group)}, (old, new)

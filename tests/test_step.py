@@ -1,0 +1,112 @@
+"""Lightning-free step pieces: the update loss (Dr.GRPO's constant normaliser), evaluation correctness, the
+callback protocol's refusal of providers a module never consults."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lit_entropy.callbacks import AdaptiveEntropyBonus, ClipCov, EntropyDiscriminatorClipping, KLCov
+from lit_entropy.evaluation import SampleEvaluator
+from lit_entropy.functional.entropy import EntropyStats
+from lit_entropy.rollout import RolloutBatch, SamplingConfig
+from lit_entropy.settings import LossConfig, RFTSettings
+from lit_entropy.step import Experience, ResponseForward, update_loss
+
+
+def _rows(advantages: list[float], lengths: list[int], width: int) -> tuple[ResponseForward, Experience]:
+    """Rows with the given valid lengths padded to ``width``; log-probs equal the old ones (ratio 1)."""
+    n = len(lengths)
+    mask = torch.tensor([[t < length for t in range(width)] for length in lengths])
+    logprobs = torch.full((n, width), -0.5, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor(advantages, dtype=torch.float64).unsqueeze(-1).expand(n, width).contiguous()
+    zeros = torch.zeros(n, width, dtype=torch.float64)
+    stats = EntropyStats(logprobs, zeros, zeros, None)
+    rollout = RolloutBatch(torch.zeros(n, width + 2, dtype=torch.long), torch.ones(n, width + 2), mask)
+    rows = Experience(rollout, torch.zeros(n), adv, logprobs.detach(), zeros, zeros, loss_mask=mask)
+    return ResponseForward(stats), rows
+
+
+def _settings(loss: LossConfig, max_new_tokens: int) -> RFTSettings:
+    return RFTSettings.build(sampling=SamplingConfig(num_samples=2, max_new_tokens=max_new_tokens), loss=loss)
+
+
+@pytest.mark.parametrize("width", [3, 5, 8])
+def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_width(width):
+    advantages, lengths = [1.0, -2.0, 0.5], [3, 1, 2]
+    forward, rows = _rows(advantages, lengths, width)
+    settings = _settings(LossConfig(loss_agg_mode="seq-mean-token-sum-norm"), max_new_tokens=8)
+    out = update_loss(forward, rows, settings, normalizer=3.0)
+    # Plain-Python reference: at ratio 1 each valid token's loss is -A; per sequence sum / 8, mean over 3 sequences.
+    reference = sum(-a * length / 8 for a, length in zip(advantages, lengths, strict=True)) / 3
+    assert out.loss.item() == pytest.approx(reference, rel=1e-12)
+    explicit = _settings(LossConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=4.0), 8)
+    assert update_loss(forward, rows, explicit, normalizer=3.0).loss.item() == pytest.approx(reference * 2, rel=1e-12)
+
+
+def test_token_sum_adds_every_valid_token_once():
+    advantages, lengths = [1.0, -2.0], [3, 1]
+    forward, rows = _rows(advantages, lengths, 4)
+    out = update_loss(forward, rows, _settings(LossConfig(loss_agg_mode="token-sum"), 4), normalizer=1.0)
+    assert out.loss.item() == pytest.approx(-(1.0 * 3) + 2.0 * 1, rel=1e-12)
+
+
+class _LogRecorder:
+    def __init__(self) -> None:
+        self.logged: dict[str, object] = {}
+
+    def log(self, name, value, **kwargs) -> None:
+        self.logged[name] = value
+
+
+def test_correctness_is_a_configurable_reward_threshold():
+    """Partial-credit and -1/+1 rewards: what counts as correct is the threshold, not reward >= 1."""
+    evaluator = SampleEvaluator([1, 2], correct_threshold=0.5)
+    rewards = torch.tensor([0.6, 0.4, 0.2, 0.0, 0.5, 0.9])  # 3 prompts x K=2
+    rollout = RolloutBatch(torch.zeros(6, 3, dtype=torch.long), torch.ones(6, 3), torch.ones(6, 1, dtype=torch.bool))
+    module = _LogRecorder()
+    evaluator.update_and_log(module, "val", rewards, rollout, k=2)
+    assert evaluator.avg.compute().item() == pytest.approx((1 / 2 + 0 + 2 / 2) / 3)
+    assert evaluator.passes["1"].compute().item() == pytest.approx((0.5 + 0 + 1) / 3)
+    assert {"val/avg@2", "val/pass@1", "val/pass@2", "val/reward_mean"} <= set(module.logged)
+
+    signed = SampleEvaluator([1], correct_threshold=1.0)
+    signed.update_and_log(module, "val", torch.tensor([-1.0, 1.0, 1.0, -1.0]), rollout.select(slice(0, 4)), k=2)
+    assert signed.avg.compute().item() == pytest.approx(0.5)
+
+
+def test_a_threshold_no_reward_reaches_warns_with_the_observed_range():
+    evaluator = SampleEvaluator([1], correct_threshold=1.0)
+    rollout = RolloutBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.ones(2, 1, dtype=torch.bool))
+    evaluator.update_and_log(_LogRecorder(), "val", torch.tensor([0.25, 0.75]), rollout, k=2)
+    with pytest.warns(UserWarning, match=r"correct_threshold=1.0 \(observed rewards in \[0.25, 0.75\]\)"):
+        evaluator.check_threshold()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluator.check_threshold()  # once is enough
+
+
+class _OnlyMasks:
+    """A user's module that asks for keep masks only (no token_requests(): the protocol's default)."""
+
+    def token_mask_fields(self):
+        return frozenset({"mask", "advantages", "old_logprobs", "entropy", "discriminator"})
+
+
+@pytest.mark.parametrize(
+    ("callback", "wanted"),
+    [
+        (KLCov(), "token_penalty"),
+        (AdaptiveEntropyBonus(), "loss_coefficients"),
+    ],
+)
+def test_a_provider_the_module_never_consults_fails_at_setup(callback, wanted):
+    with pytest.raises(TypeError, match=rf"provides .{wanted}. but _OnlyMasks never asks for it"):
+        callback.setup(None, _OnlyMasks(), "fit")
+
+
+def test_mask_providers_still_serve_modules_that_only_ask_for_masks():
+    for callback in (ClipCov(), EntropyDiscriminatorClipping("clip_b")):
+        callback.setup(None, _OnlyMasks(), "fit")  # no error: keep masks are what the module asks for

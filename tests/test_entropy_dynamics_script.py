@@ -47,8 +47,8 @@ def test_quick_run_writes_report_plots_and_numbers(tmp_path):
     for method in ("grpo", "clip_b", "clip_v"):
         (run,) = results["e"][method]
         assert run["val"] and any(k.startswith("val/avg@") for k in run["val"][-1])
-    report = (tmp_path / "report.md").read_text()
-    for heading in ("(a) First-order", "(b) Selective", "(c) Centred", "(d) mu sweep", "(e) GRPO vs"):
+    report = (tmp_path / "checks.md").read_text()
+    for heading in ("(a) First order", "(b) Selective", "(c) Centred", "(d) mu sweep", "(e) GRPO vs"):
         assert heading in report
     for png in (
         "a_first_order.png",

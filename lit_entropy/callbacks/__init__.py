@@ -7,6 +7,7 @@ penalties by sum), and each logs the share of tokens it acted on under its own p
 from lit_entropy.callbacks.dynamics_monitor import EntropyDynamicsMonitor
 from lit_entropy.callbacks.entropy_clipping import EntropyDiscriminatorClipping
 from lit_entropy.callbacks.entropy_control import AdaptiveEntropyBonus, ClipCov, HighEntropySelection, KLCov
+from lit_entropy.callbacks.random_masking import RandomNegativeMasking
 
 __all__ = [
     "AdaptiveEntropyBonus",
@@ -15,4 +16,5 @@ __all__ = [
     "EntropyDynamicsMonitor",
     "HighEntropySelection",
     "KLCov",
+    "RandomNegativeMasking",
 ]

@@ -7,7 +7,6 @@ json/jsonl/parquet/csv files or directories, and Hugging Face Hub datasets.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -221,36 +220,15 @@ class PromptDataModule(LightningDataModule):
         cache_dir: str | None = None,
     ) -> None:
         super().__init__()
-        _check_arguments(**{name: value for name, value in locals().items() if name in _ARGUMENTS})
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
+        _check_arguments(arguments)
         self.save_hyperparameters()
-
-        self.train_dataset = train_dataset
-        self.val_dataset = val_dataset
-        self.train_split = train_split
-        self.val_split = val_split
-        self.prompt_key = prompt_key
-        self.answer_key = answer_key
-        self.val_prompt_key = val_prompt_key
-        self.val_answer_key = val_answer_key
-        self.class_key = class_key
-        self.apply_chat_template = apply_chat_template
+        # Every argument is kept as an attribute of the same name (mutable defaults copied, val batch defaulted).
+        for name, value in arguments.items():
+            setattr(self, name, value)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.system_prompt = system_prompt
-        self.prompt_template = prompt_template
-        self.tokenizer_name_or_path = tokenizer_name_or_path
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
-        self.max_prompt_length = max_prompt_length
-        self.filter_overlong_prompts = filter_overlong_prompts
-        self.num_train_examples = num_train_examples
-        self.num_val_examples = num_val_examples
-        self.max_train_samples = max_train_samples
-        self.max_val_samples = max_val_samples
-        self.seed = seed
-        self.shuffle = shuffle
-        self.num_workers = num_workers
         self.arithmetic_options = dict(arithmetic_options or {})
-        self.cache_dir = cache_dir
+        self.val_batch_size = val_batch_size if val_batch_size is not None else batch_size
 
         self._tokenizer: Any = None
         self._train_data: PromptDataset | None = None
@@ -759,85 +737,55 @@ def _answer_text(value: Any, setting: str, key: str, row: int, where: str) -> st
     raise ValueError(f"{setting}={key!r}: row {row} of {where} holds {_short(value)}, not a string or number")
 
 
-def _check_arguments(
-    *,
-    train_dataset: str = ARITHMETIC_DATASET,
-    val_dataset: str | None = ARITHMETIC_DATASET,
-    train_split: str = "train",
-    val_split: str = "train",
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    val_prompt_key: str | None = None,
-    val_answer_key: str | None = None,
-    class_key: str | None = None,
-    apply_chat_template: bool = False,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    system_prompt: str | None = None,
-    prompt_template: str | None = None,
-    tokenizer_name_or_path: str | None = None,
-    batch_size: int = 8,
-    val_batch_size: int | None = None,
-    max_prompt_length: int | None = None,
-    filter_overlong_prompts: bool = False,
-    num_train_examples: int = 1024,
-    num_val_examples: int = 128,
-    max_train_samples: int | None = None,
-    max_val_samples: int | None = None,
-    seed: int = 0,
-    shuffle: bool = True,
-    num_workers: int = 0,
-    arithmetic_options: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-) -> None:
-    """Refuse bad :class:`PromptDataModule` arguments before anything is loaded, naming the argument and value."""
-    _non_empty_str("train_dataset", train_dataset)
-    _non_empty_str("val_dataset", val_dataset, optional=True)
-    for name, value in (("train_split", train_split), ("val_split", val_split)):
+def _check_arguments(args: Mapping[str, Any]) -> None:
+    """Refuse bad :class:`PromptDataModule` arguments (``args``: name -> value) before anything is loaded."""
+    _non_empty_str("train_dataset", args["train_dataset"])
+    _non_empty_str("val_dataset", args["val_dataset"], optional=True)
+    for name, value in (("train_split", args["train_split"]), ("val_split", args["val_split"])):
         _non_empty_str(name, value)
-    for name, value in (("prompt_key", prompt_key), ("answer_key", answer_key)):
+    for name, value in (("prompt_key", args["prompt_key"]), ("answer_key", args["answer_key"])):
         _non_empty_str(name, value)
     for name, value in (
-        ("val_prompt_key", val_prompt_key),
-        ("val_answer_key", val_answer_key),
-        ("class_key", class_key),
+        ("val_prompt_key", args["val_prompt_key"]),
+        ("val_answer_key", args["val_answer_key"]),
+        ("class_key", args["class_key"]),
     ):
         _non_empty_str(name, value, optional=True)
-    _non_empty_str("tokenizer_name_or_path", tokenizer_name_or_path, optional=True)
-    _non_empty_str("cache_dir", cache_dir, optional=True)
-    if not isinstance(apply_chat_template, bool):
-        raise ValueError(f"apply_chat_template must be a bool, got {apply_chat_template!r}")
-    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
-        raise ValueError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
-    if chat_template_kwargs and not apply_chat_template:
-        raise ValueError(f"chat_template_kwargs={chat_template_kwargs!r} needs apply_chat_template=True")
-    if system_prompt is not None and not isinstance(system_prompt, str):
-        raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r}")
-    if system_prompt is not None and not apply_chat_template:
+    _non_empty_str("tokenizer_name_or_path", args["tokenizer_name_or_path"], optional=True)
+    _non_empty_str("cache_dir", args["cache_dir"], optional=True)
+    if not isinstance(args["apply_chat_template"], bool):
+        raise ValueError(f"apply_chat_template must be a bool, got {args['apply_chat_template']!r}")
+    if args["chat_template_kwargs"] is not None and not isinstance(args["chat_template_kwargs"], Mapping):
+        raise ValueError(f"chat_template_kwargs must be a dict or None, got {args['chat_template_kwargs']!r}")
+    if args["chat_template_kwargs"] and not args["apply_chat_template"]:
+        raise ValueError(f"chat_template_kwargs={args['chat_template_kwargs']!r} needs apply_chat_template=True")
+    if args["system_prompt"] is not None and not isinstance(args["system_prompt"], str):
+        raise ValueError(f"system_prompt must be a string or None, got {args['system_prompt']!r}")
+    if args["system_prompt"] is not None and not args["apply_chat_template"]:
         raise ValueError(
-            f"system_prompt={system_prompt!r} needs apply_chat_template=True (a system message only exists in a "
-            f"chat template); use prompt_template for plain-text prompts"
+            f"system_prompt={args['system_prompt']!r} needs apply_chat_template=True (a system message only exists "
+            "in a chat template); use prompt_template for plain-text prompts"
         )
-    if prompt_template is not None and (not isinstance(prompt_template, str) or "{prompt}" not in prompt_template):
-        raise ValueError(f"prompt_template must be a string containing '{{prompt}}', got {prompt_template!r}")
-    _positive_int("batch_size", batch_size)
-    _positive_int("val_batch_size", val_batch_size, optional=True)
-    _positive_int("max_prompt_length", max_prompt_length, optional=True)
-    if not isinstance(filter_overlong_prompts, bool):
-        raise ValueError(f"filter_overlong_prompts must be a bool, got {filter_overlong_prompts!r}")
-    _positive_int("num_train_examples", num_train_examples)
-    _positive_int("num_val_examples", num_val_examples)
-    _positive_int("max_train_samples", max_train_samples, optional=True)
-    _positive_int("max_val_samples", max_val_samples, optional=True)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    if not isinstance(shuffle, bool):
-        raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
-    if arithmetic_options is not None and not isinstance(arithmetic_options, Mapping):
-        raise ValueError(f"arithmetic_options must be a dict or None, got {arithmetic_options!r}")
-    for name, value in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
+    if args["prompt_template"] is not None and (
+        not isinstance(args["prompt_template"], str) or "{prompt}" not in args["prompt_template"]
+    ):
+        raise ValueError(f"prompt_template must be a string containing '{{prompt}}', got {args['prompt_template']!r}")
+    _positive_int("batch_size", args["batch_size"])
+    _positive_int("val_batch_size", args["val_batch_size"], optional=True)
+    _positive_int("max_prompt_length", args["max_prompt_length"], optional=True)
+    if not isinstance(args["filter_overlong_prompts"], bool):
+        raise ValueError(f"filter_overlong_prompts must be a bool, got {args['filter_overlong_prompts']!r}")
+    _positive_int("num_train_examples", args["num_train_examples"])
+    _positive_int("num_val_examples", args["num_val_examples"])
+    _positive_int("max_train_samples", args["max_train_samples"], optional=True)
+    _positive_int("max_val_samples", args["max_val_samples"], optional=True)
+    if isinstance(args["seed"], bool) or not isinstance(args["seed"], int):
+        raise ValueError(f"seed must be an int, got {args['seed']!r}")
+    if not isinstance(args["shuffle"], bool):
+        raise ValueError(f"shuffle must be a bool, got {args['shuffle']!r}")
+    if isinstance(args["num_workers"], bool) or not isinstance(args["num_workers"], int) or args["num_workers"] < 0:
+        raise ValueError(f"num_workers must be a non-negative int, got {args['num_workers']!r}")
+    if args["arithmetic_options"] is not None and not isinstance(args["arithmetic_options"], Mapping):
+        raise ValueError(f"arithmetic_options must be a dict or None, got {args['arithmetic_options']!r}")
+    for name, value in (("train_dataset", args["train_dataset"]), ("val_dataset", args["val_dataset"])):
         _check_local_source(name, value)
-
-
-_ARGUMENTS = frozenset(inspect.signature(_check_arguments).parameters)

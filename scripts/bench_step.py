@@ -530,31 +530,13 @@ def build_realistic_model(
     Ids 0-3 are the special tokens and the arithmetic alphabet follows (as the shipped tiny model's), then
     filler tokens ``<f{i}>`` up to ``vocab_size``; prompts are therefore tokenized exactly as with the tiny model.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from lit_entropy.data.arithmetic import ARITHMETIC_ALPHABET
-    from lit_entropy.data.char_tokenizer import CHAR_SPECIAL_TOKENS
+    from lit_entropy.data.char_tokenizer import build_char_tokenizer
 
     if hidden_size % 64 or hidden_size < 64:
         raise ValueError(f"--hidden-size must be a positive multiple of 64 (head_dim 64), got {hidden_size}")
-    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIAL_TOKENS)}
-    vocab.update({c: len(vocab) + i for i, c in enumerate(ARITHMETIC_ALPHABET)})
-    if vocab_size < len(vocab):
-        raise ValueError(f"vocab_size must be >= {len(vocab)}, got {vocab_size}")
-    vocab.update({f"<f{i}>": i for i in range(len(vocab), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        bos_token="<bos>",
-        unk_token="<unk>",
-        padding_side="left",
-        model_max_length=512,
-    )
+    tokenizer = build_char_tokenizer(model_max_length=512, vocab_size=vocab_size)
     heads = hidden_size // 64
     config = Qwen2Config(
         vocab_size=vocab_size,

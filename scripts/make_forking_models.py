@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
@@ -94,27 +95,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausal
         max_new_tokens=31,
     )
     return model
-
-
-def make_batch(rows: list[dict[str, str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, torch.Tensor]:
-    """Right-padded teacher-forcing batch; loss on the response and ``<eos>`` only."""
-    ids, labels = [], []
-    for row in rows:
-        p = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        a = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        ids.append(p + a)
-        labels.append([-100] * len(p) + a)
-    width = max(map(len, ids))
-    out = {
-        "input_ids": torch.full((len(ids), width), tokenizer.pad_token_id),
-        "attention_mask": torch.zeros((len(ids), width), dtype=torch.long),
-        "labels": torch.full((len(ids), width), -100),
-    }
-    for i, (r, lb) in enumerate(zip(ids, labels, strict=True)):
-        out["input_ids"][i, : len(r)] = torch.tensor(r)
-        out["labels"][i, : len(lb)] = torch.tensor(lb)
-        out["attention_mask"][i, : len(r)] = 1
-    return out
 
 
 @torch.no_grad()

@@ -13,7 +13,9 @@ __all__ = ["CHAR_SPECIAL_TOKENS", "build_char_tokenizer"]
 CHAR_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
 
 
-def build_char_tokenizer(alphabet: str = ARITHMETIC_ALPHABET, *, model_max_length: int = 64) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(
+    alphabet: str = ARITHMETIC_ALPHABET, *, model_max_length: int = 64, vocab_size: int | None = None
+) -> PreTrainedTokenizerFast:
     """Build a WordLevel tokenizer whose vocabulary is the special tokens then each char of ``alphabet``.
 
     Ids: ``<pad>``=0, ``<eos>``=1, ``<bos>``=2, ``<unk>``=3, then ``alphabet`` in order. Encoding adds no
@@ -22,6 +24,8 @@ def build_char_tokenizer(alphabet: str = ARITHMETIC_ALPHABET, *, model_max_lengt
     Args:
         alphabet: Distinct characters, none of them whitespace (whitespace would not round-trip).
         model_max_length: Longest sequence (prompt + completion) the model accepts.
+        vocab_size: pad the vocabulary with filler tokens ``<f{i}>`` up to this size (benchmarks at a
+            realistic vocabulary); None = no filler.
     """
     if not isinstance(alphabet, str) or not alphabet:
         raise ValueError(f"alphabet must be a non-empty string, got {alphabet!r}")
@@ -31,6 +35,9 @@ def build_char_tokenizer(alphabet: str = ARITHMETIC_ALPHABET, *, model_max_lengt
         raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
     vocab = {tok: i for i, tok in enumerate(CHAR_SPECIAL_TOKENS)}
     vocab.update({c: len(CHAR_SPECIAL_TOKENS) + i for i, c in enumerate(alphabet)})
+    if vocab_size is not None and vocab_size < len(vocab):
+        raise ValueError(f"vocab_size must be >= {len(vocab)} (special tokens + alphabet), got {vocab_size}")
+    vocab.update({f"<f{i}>": i for i in range(len(vocab), vocab_size or 0)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # "[\s\S]" isolates every character (newline included) so each one maps to its own id.
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")

@@ -121,8 +121,8 @@ def grid(args: argparse.Namespace) -> list[Run]:
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
     # Seed-major order: an interrupted study has every method at the first seeds rather than some methods only.
     runs = [Run("forking", b, m, s, steps) for s in seeds for b in bases if b != NEUTRAL_BASE for m in methods]
-    if args.grid == "full" or NEUTRAL_BASE in bases:
-        runs += [Run("chain", NEUTRAL_BASE, m, s, steps) for s in seeds[:3] for m in NEUTRAL_METHODS if m in methods]
+    if NEUTRAL_BASE in bases or (args.grid == "full" and not args.bases):
+        runs += [Run("chain", NEUTRAL_BASE, m, s, steps) for s in seeds for m in NEUTRAL_METHODS if m in methods]
     return runs
 
 
@@ -266,7 +266,7 @@ def make_recorder(run: Run, eval_steps: set[int], smoke: bool):
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             step = int(trainer.global_step)
-            reward = trainer.callback_metrics.get("train/reward_mean")
+            reward = trainer.callback_metrics.get("train/reward/mean")
             self.train_rows.append(
                 {
                     **_run_cols(run),
@@ -327,6 +327,30 @@ def tabled_runs(out: Path) -> set[str]:
         return {_run_key(row) for row in csv.DictReader(f)}
 
 
+def claim(run_dir: Path) -> bool:
+    """Claim a run for this process, so several workers (``--shard`` or plain copies) can share one study:
+    ``run_dir/claim`` holds the owner's PID; a claim whose process is gone (an interrupted worker) is taken over."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "claim"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            text = path.read_text()
+            if not text:
+                return False  # another worker is writing its PID right now
+            try:
+                os.kill(int(text), 0)  # raises if no such process
+                return int(text) == os.getpid()
+            except ProcessLookupError:
+                path.unlink(missing_ok=True)  # stale: its worker died
+                continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def execute(args: argparse.Namespace) -> None:
     runs = grid(args)
     index, count = (int(x) for x in args.shard.split("/"))
@@ -340,7 +364,7 @@ def execute(args: argparse.Namespace) -> None:
         if i % count != index:
             continue
         run_dir = args.out / "runs" / run.name
-        if (run_dir / "done").exists() or run.name in done:
+        if (run_dir / "done").exists() or run.name in done or not claim(run_dir):
             continue
         t0 = time.perf_counter()
         train_one(run, run_dir, args.smoke)

@@ -110,7 +110,7 @@ def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir, fused):
     ],
 )
 def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm, method, extra):
-    callbacks = [EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.1)] if method else []
+    callbacks = [EntropyDiscriminatorClipping(method, mu=0.5, max_frac=0.1)] if method else []
     module, trainer = _fit(tiny_model_dir, tmp_path, callbacks=callbacks, algorithm=algorithm, **extra)
     loss, update = extra.get("loss", LossConfig()), extra.get("update", UpdateConfig())
     tags = _logged_tags(trainer)
@@ -187,7 +187,7 @@ def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tm
     """One update per batch: reusing the update's forward for the old log-probs changes nothing."""
     weights = []
     for fuse in (True, False):
-        callbacks = [EntropyDiscriminatorClipping(method, mu=1.0, max_frac=0.1)] if method else []
+        callbacks = [EntropyDiscriminatorClipping(method, mu=0.5, max_frac=0.1)] if method else []
         module, trainer = _fit(
             tiny_model_dir,
             tmp_path / str(fuse),

@@ -40,6 +40,7 @@ from lit_entropy.functional.policy_loss import (
     policy_loss,
     value_loss,
 )
+from lit_entropy.functional.sampling import CategoricalSampler, sample_categorical
 from lit_entropy.functional.selection import (
     TopKCut,
     kth_largest,
@@ -51,9 +52,10 @@ from lit_entropy.functional.selection import (
 
 __all__ = [
     "ADVANTAGE_SCALES",
+    "CategoricalSampler",
+    "EntropyStats",
     "KL_KINDS",
     "LOSS_AGG_MODES",
-    "EntropyStats",
     "PolicyLossStats",
     "TopKCut",
     "aggregate_loss",
@@ -86,6 +88,7 @@ __all__ = [
     "pass_at_k_per_prompt",
     "policy_loss",
     "predicted_entropy_change",
+    "sample_categorical",
     "tie_counts",
     "top_k_cut",
     "top_k_mask",

@@ -110,3 +110,38 @@ def test_a_provider_the_module_never_consults_fails_at_setup(callback, wanted):
 def test_mask_providers_still_serve_modules_that_only_ask_for_masks():
     for callback in (ClipCov(), EntropyDiscriminatorClipping("clip_b")):
         callback.setup(None, _OnlyMasks(), "fit")  # no error: keep masks are what the module asks for
+
+
+def test_fused_forward_skips_padding_and_matches_full_logits(tiny_model_dir, monkeypatch):
+    """Only the real response tokens go through the fused vocabulary pass; their statistics and the parameter
+    gradients equal the full-logits path's, and padded positions read 0."""
+    from transformers import AutoModelForCausalLM
+
+    import lit_entropy.step.forward as forward_mod
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    sequences = torch.randint(4, model.config.vocab_size, (3, 9))
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    attention_mask = torch.cat([torch.ones(3, 4, dtype=torch.long), response_mask.long()], dim=1)
+    rollout = RolloutBatch(sequences=sequences, attention_mask=attention_mask, response_mask=response_mask)
+    rows_seen = []
+    real = forward_mod.linear_entropy_stats
+    monkeypatch.setattr(
+        forward_mod, "linear_entropy_stats", lambda h, *a, **k: rows_seen.append(h.shape[0]) or real(h, *a, **k)
+    )
+    results = {}
+    for fused in (True, False):
+        model.zero_grad()
+        stats = forward_mod.response_forward(model, rollout, temperature=0.7, policy_average=True, fused=fused).stats
+        loss = (response_mask * (stats.logprobs + 0.3 * stats.entropy)).sum()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        results[fused] = (stats, grads)
+    assert rows_seen == [int(response_mask.sum())]  # 11 of 15 positions
+    (fused_stats, fused_grads), (full_stats, full_grads) = results[True], results[False]
+    for got, want in zip(fused_stats, full_stats, strict=True):
+        torch.testing.assert_close(got[response_mask], want[response_mask].detach(), atol=1e-5, rtol=1e-5)
+        assert bool((got[~response_mask] == 0).all())
+    for got, want in zip(fused_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -88,9 +88,14 @@ def response_forward(
         states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
         # Read the head after the forward: under FSDP2 its weight is gathered only from the root's forward on.
         weight, bias = lm_head_params(model)
-        stats = linear_entropy_stats(
-            states, weight, responses, bias=bias, temperature=temperature, policy_average=policy_average
+        # Only real response tokens go through the vocabulary pass (verl's "remove padding"): positions after
+        # EOS are masked out of every loss and statistic, and skipping them saves their share of the head's
+        # matmuls forward and backward. They read 0 in the returned [n, T] tensors.
+        mask = rollout.response_mask
+        packed = linear_entropy_stats(
+            states[mask], weight, responses[mask], bias=bias, temperature=temperature, policy_average=policy_average
         )
+        stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in packed))
         return ResponseForward(stats=stats, hidden=states if hidden else None)
     logits, states = response_logits(
         model, rollout.sequences, rollout.attention_mask, responses.shape[1], hidden=hidden
@@ -99,6 +104,11 @@ def response_forward(
         logits, responses, temperature=temperature, chunk_size=chunk_size, policy_average=policy_average
     )
     return ResponseForward(stats=stats, hidden=states)
+
+
+def _unpack(values: Tensor, mask: Tensor) -> Tensor:
+    """``[M]`` values of the True positions of ``mask`` ``[n, T]`` -> ``[n, T]``, zeros elsewhere (differentiable)."""
+    return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
 def value_estimates(

@@ -135,6 +135,29 @@ def analyze(out: Path, plots: bool = True) -> dict[str, Any]:
     result["k_primary"] = k_primary
 
     # 1. Does GRPO show the phenomenon in every seed (avg up, pass@64 down vs the base)?
+    result["phenomenon"] = _phenomenon(summ, fs, pk)
+    # 2. Paired differences against GRPO with bootstrap intervals over seeds and prompts.
+    paired = _paired_vs_grpo(ev, fs, k_primary)
+    result["paired_vs_grpo"] = paired
+
+    if not tr.empty:
+        cols = [c for c in tr.columns if c.startswith(("entropy_", "masked"))]
+        result["train_means"] = (
+            tr.groupby(["task", "base", "method"])[cols].mean().reset_index().to_dict(orient="records")
+        )
+    result["compact"] = _compact(summ, paired, fs, pk)
+    (out / "summary.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    (out / "summary.md").write_text(_markdown(result, summ, fs))
+    seconds_path = out / "run_seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.exists() else {}
+    (out / "readme_table.md").write_text(readme_block(result, fs, seconds))
+    if plots:
+        _plots(out, summ, tr, pd.DataFrame(paired), fs)
+    return result
+
+
+def _phenomenon(summ: pd.DataFrame, fs: Any, pk: str) -> list[dict[str, Any]]:
+    """Per task, base and method: in how many seeds avg@K rose and pass@K fell against the base model (last step)."""
     phen = []
     for (task, base), g in summ[np.isclose(summ["temperature"], fs.PRIMARY_T)].groupby(["task", "base"]):
         b = g[g["method"] == "base"]
@@ -162,9 +185,12 @@ def analyze(out: Path, plots: bool = True) -> dict[str, Any]:
                     "base_pass_D": float(b.get(f"{pk}_D", np.nan)),
                 }
             )
-    result["phenomenon"] = phen
+    return phen
 
-    # 2. Paired differences against GRPO with bootstrap intervals over seeds and prompts.
+
+def _paired_vs_grpo(ev: pd.DataFrame, fs: Any, k_primary: int) -> list[dict[str, Any]]:
+    """Every method against GRPO, paired by seed: the four primary numbers with 95 % bootstrap intervals."""
+    pk = f"pass@{k_primary}"
     paired = []
     frames = _endpoint_frames(ev[ev["method"] != "base"], fs)
     for (task, base), g in ev[ev["method"] != "base"].groupby(["task", "base"]):
@@ -195,21 +221,7 @@ def analyze(out: Path, plots: bool = True) -> dict[str, Any]:
                             "excludes_zero": bool(lo > 0 or hi < 0),
                         }
                     )
-    result["paired_vs_grpo"] = paired
-    if not tr.empty:
-        cols = [c for c in tr.columns if c.startswith(("entropy_", "masked"))]
-        result["train_means"] = (
-            tr.groupby(["task", "base", "method"])[cols].mean().reset_index().to_dict(orient="records")
-        )
-    result["compact"] = _compact(summ, paired, fs, pk)
-    (out / "summary.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
-    (out / "summary.md").write_text(_markdown(result, summ, fs))
-    seconds_path = out / "run_seconds.json"
-    seconds = json.loads(seconds_path.read_text()) if seconds_path.exists() else {}
-    (out / "readme_table.md").write_text(readme_block(result, fs, seconds))
-    if plots:
-        _plots(out, summ, tr, pd.DataFrame(paired), fs)
-    return result
+    return paired
 
 
 def _compact(summ: pd.DataFrame, paired: list[dict[str, Any]], fs: Any, pk: str) -> list[dict[str, Any]]:

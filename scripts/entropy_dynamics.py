@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val_prompts", type=int, default=128, help="(e) validation prompts (K samples each)")
     parser.add_argument("--val_k", type=int, default=8, help="(e) K, samples per validation prompt")
     parser.add_argument("--mask_steps", type=int, default=60, help="(b) steps per selective-masking condition")
+    parser.add_argument("--mask_seeds", type=int, default=5, help="(b) seeds per selective-masking condition")
     parser.add_argument("--batch_prompts", type=int, default=16, help="prompts per rollout batch (x group 8)")
     parser.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate of (e)")
     parser.add_argument(
@@ -74,8 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.val_every, args.val_prompts, args.val_k = 1, 2, 2, 4, 2
-        args.mask_steps, args.batch_prompts = 2, 2
-    for name in ("seeds", "steps", "val_every", "val_prompts", "val_k", "mask_steps", "batch_prompts", "threads"):
+        args.mask_steps, args.mask_seeds, args.batch_prompts = 2, 2, 2
+    names = ("seeds", "steps", "val_every", "val_prompts", "val_k", "mask_steps", "mask_seeds", "batch_prompts")
+    for name in (*names, "threads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not set(args.sections) <= set("abcde") or not args.sections:
@@ -382,35 +384,102 @@ def _fit(
     return recorder, module
 
 
+# Two-sided 95 % quantile of Student's t by degrees of freedom (1..30); larger df use the normal 1.96.
+T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean of ``values`` and its 95 % Student-t interval (NaN bounds for fewer than two values)."""
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def _masking_run(args: argparse.Namespace, probe_batch: dict[str, Any], seed: int, signs: tuple) -> dict[str, Any]:
+    """One selective-masking condition (``signs`` = advantage sign, S sign, predicted direction) at one seed."""
+    adv_sign, s_sign, expected = signs
+    probe, selective = ProbeEntropy(probe_batch), SelectiveMask(adv_sign, s_sign)
+    recorder, _ = _fit(
+        args, seed, args.mask_steps, [selective, probe], False, 1, sgd_lr=args.mask_sgd_lr, full_denominator=True
+    )
+    rollout_entropy = [row.get("train/entropy/mean", math.nan) for row in recorder.train]
+    entropy, slope = probe.values, _slope(probe.values)
+    return {
+        "seed": seed,
+        "entropy": entropy,
+        "rollout_entropy": rollout_entropy,
+        "rollout_slope_per_step": _slope(rollout_entropy),
+        "kept_frac": selective.kept_frac,
+        "slope_per_step": slope,
+        "change": entropy[-1] - entropy[0] if entropy else math.nan,
+        "direction_ok": (slope < 0) == (expected == "down") if math.isfinite(slope) else False,
+    }
+
+
+def summarize_masking(runs: list[dict[str, Any]], expected: str) -> dict[str, Any]:
+    """Over the seeds of one condition: how often the probe entropy moves as predicted, judged by the slope and by
+    the net change (end - start), and the mean of each with its 95 % t interval."""
+    up = expected == "up"
+    slopes = [r["slope_per_step"] for r in runs if math.isfinite(r["slope_per_step"])]
+    changes = [r["change"] for r in runs if math.isfinite(r["change"])]
+    kept = [k for r in runs for k in r["kept_frac"] if math.isfinite(k)]
+    return {
+        "expected": expected,
+        "runs": runs,
+        "seeds": len(runs),
+        "holds": sum(r["direction_ok"] for r in runs),
+        "holds_change": sum((c > 0) == up for c in changes),
+        "slope": t_interval(slopes),
+        "change": t_interval(changes),
+        "kept_mean": sum(kept) / max(len(kept), 1),
+        "entropy_start": sum(r["entropy"][0] for r in runs) / len(runs),
+        "entropy_end": sum(r["entropy"][-1] for r in runs) / len(runs),
+    }
+
+
 def selective_masking(args: argparse.Namespace) -> dict[str, Any]:
+    """Each quadrant condition at seeds 0..mask_seeds-1: per seed the probe entropy, and over seeds how often
+    the predicted direction holds and the mean slope with its 95 % t interval."""
     out: dict[str, Any] = {}
     probe_batch = _train_batches(max(args.batch_prompts, 2) * 2, 123, 1)[0]
-    for name, (adv_sign, s_sign, expected) in CONDITIONS.items():
-        probe, selective = ProbeEntropy(probe_batch), SelectiveMask(adv_sign, s_sign)
-        recorder, _ = _fit(
-            args,
-            0,
-            args.mask_steps,
-            [selective, probe],
-            False,
-            1,
-            sgd_lr=args.mask_sgd_lr,
-            full_denominator=True,
-        )
-        rollout_entropy = [row.get("train/entropy/mean", math.nan) for row in recorder.train]
-        kept = selective.kept_frac
-        entropy = probe.values
-        slope = _slope(entropy)
-        out[name] = {
-            "entropy": entropy,
-            "rollout_entropy": rollout_entropy,
-            "rollout_slope_per_step": _slope(rollout_entropy),
-            "kept_frac": kept,
-            "expected": expected,
-            "slope_per_step": slope,
-            "change": entropy[-1] - entropy[0] if entropy else math.nan,
-            "direction_ok": (slope < 0) == (expected == "down") if math.isfinite(slope) else False,
-        }
+    for name, signs in CONDITIONS.items():
+        runs = [_masking_run(args, probe_batch, seed, signs) for seed in range(args.mask_seeds)]
+        out[name] = summarize_masking(runs, signs[2])
     return out
 
 
@@ -519,8 +588,12 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         save(fig, "a_first_order.png")
     if "b" in results:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for name, row in results["b"].items():
-            ax.plot(row["entropy"], label=f"{name} (theory: {row['expected']})")
+        for i, (name, row) in enumerate(results["b"].items()):
+            for j, r in enumerate(row["runs"]):
+                n = row["seeds"]
+                holds = f"holds: slope {row['holds']}/{n}, change {row['holds_change']}/{n}"
+                label = f"{name} (theory: {row['expected']}; {holds})" if j == 0 else None
+                ax.plot(r["entropy"], color=f"C{i}", alpha=0.6, lw=1, label=label)
         ax.set_xlabel("step")
         ax.set_ylabel("probe-set entropy (nats/token)")
         ax.set_title("(b) selective masking")
@@ -623,6 +696,34 @@ def _summary_e(results_e: dict[str, Any]) -> list[dict[str, Any]]:
     return table
 
 
+def _report_b(b: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Section (b) of checks.md: per condition, in how many seeds the predicted direction holds, with intervals."""
+    ci = lambda m: f"{m[0]:+.2e} [{m[1]:+.2e}, {m[2]:+.2e}]"  # noqa: E731
+    by_slope = sum(1 for r in b.values() if r["holds"] == r["seeds"])
+    by_change = sum(1 for r in b.values() if r["holds_change"] == r["seeds"])
+    lines = [
+        "## (b) Selective masking (mechanism check)",
+        "",
+        f"{args.mask_seeds} seeds per condition, {args.mask_steps} plain SGD steps each (step size --mask_sgd_lr "
+        f"{args.mask_sgd_lr}) on the token-mean loss over all response tokens (masked ones contribute 0, so kept "
+        "tokens get plain GRPO's per-token step). Entropy of a fixed probe set of sequences (sampled once from "
+        "the starting policy) after each step. 'slope': least-squares slope of that entropy per step; 'change': "
+        "end minus start; intervals are 95 % Student-t intervals over seeds; 'holds' counts the seeds with the "
+        f"predicted sign. Predicted direction in every seed for {by_slope} of {len(b)} conditions by slope, "
+        f"{by_change} of {len(b)} by net change.",
+        "",
+        "| condition | theory | holds by slope | mean slope/step [95 % t] | holds by change | mean change [95 % t] "
+        "| entropy start | kept tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in b.items():
+        lines.append(
+            f"| {name} | {r['expected']} | {r['holds']}/{r['seeds']} | {ci(r['slope'])} | "
+            f"{r['holds_change']}/{r['seeds']} | {ci(r['change'])} | {r['entropy_start']:.4f} | {r['kept_mean']:.4f} |"
+        )
+    return [*lines, ""]
+
+
 def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace) -> str:
     fmt = lambda ms: f"{ms[0]:.4f} ± {ms[1]:.4f}"  # noqa: E731
     lines = [
@@ -665,31 +766,7 @@ def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace)
             "",
         ]
     if "b" in results:
-        lines += [
-            "## (b) Selective masking (mechanism check)",
-            "",
-            "One run per condition: 'direction ok' is a single draw with no noise estimate. An independent "
-            "audit (issue 13) found over several seeds that three of the four predicted directions hold and "
-            "'positive A, S < 0 -> entropy up' (1-2% of the tokens kept) fails in most seeds (not re-measured "
-            "here); read this table as one sample, not as a confirmation.",
-            "",
-            "Plain SGD (step size --mask_sgd_lr) on the token-mean loss over all response tokens (masked ones "
-            "contribute 0, so kept tokens get plain GRPO's per-token step). Entropy of a fixed probe set of "
-            "sequences (sampled once from the starting policy) after each step; 'rollout slope' is the slope "
-            "of the noisier per-batch rollout entropy.",
-            "",
-            "| condition | theory | entropy start | entropy end | slope/step | rollout slope/step "
-            "| kept tokens | direction ok |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, r in results["b"].items():
-            kept = [k for k in r["kept_frac"] if math.isfinite(k)]
-            lines.append(
-                f"| {name} | {r['expected']} | {r['entropy'][0]:.4f} | {r['entropy'][-1]:.4f} | "
-                f"{r['slope_per_step']:+.2e} | {r['rollout_slope_per_step']:+.2e} | "
-                f"{sum(kept) / max(len(kept), 1):.3f} | {r['direction_ok']} |"
-            )
-        lines.append("")
+        lines += _report_b(results["b"], args)
     if "c" in results:
         c = results["c"]
         lines += [

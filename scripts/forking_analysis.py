@@ -17,9 +17,25 @@ import pandas as pd
 
 from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
 
-__all__ = ["analyze", "paired_bootstrap", "per_prompt_metric"]
+__all__ = ["analyze", "paired_bootstrap", "per_prompt_metric", "readme_block", "replace_block"]
 
 WEIGHTS = {"forking": dict(zip(STRATEGIES, CLASS_PROBS, strict=True)), "chain": {"chain": 1.0}}
+#: Human labels of the methods (``forking_study.METHODS``) as the README and the report print them.
+LABELS = {
+    "base": "base model",
+    "grpo": "GRPO",
+    "clip_b": "Clip_B mu 2.5",
+    "clip_v": "Clip_V mu 8.5 cap 1e-4",
+    "clip_v_rescaled": "Clip_V mu 8.5 cap 0.025",
+    "random_mask": "random mask",
+    "entropy_bonus": "entropy bonus (adaptive, target 0.02)",
+    "clip_higher": "clip-higher 0.28",
+}
+#: The paper's own numbers (arXiv 2602.03392, Qwen2.5-7B on AIME24, one run each), GRPO -> Clip_B.
+PAPER_ROW = (
+    "| paper (Qwen2.5-7B, AIME24, 1 run) | GRPO -> Clip_B | 1 | Avg@32 16.88 -> 19.69 | Pass@32 50.00 -> 56.67 "
+    "| +6.67 | +2.81 | |"
+)
 
 
 def _settings():
@@ -101,8 +117,8 @@ def _summaries(ev: pd.DataFrame, fs: Any) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def analyze(out: Path) -> dict[str, Any]:
-    """Write summary.json, summary.md and the plots of the study in ``out``."""
+def analyze(out: Path, plots: bool = True) -> dict[str, Any]:
+    """Write summary.json, summary.md, readme_table.md and (``plots``) the plots of the study in ``out``."""
     fs = _settings()
     out = Path(out)
     ev = pd.read_csv(out / "eval.csv")
@@ -119,6 +135,29 @@ def analyze(out: Path) -> dict[str, Any]:
     result["k_primary"] = k_primary
 
     # 1. Does GRPO show the phenomenon in every seed (avg up, pass@64 down vs the base)?
+    result["phenomenon"] = _phenomenon(summ, fs, pk)
+    # 2. Paired differences against GRPO with bootstrap intervals over seeds and prompts.
+    paired = _paired_vs_grpo(ev, fs, k_primary)
+    result["paired_vs_grpo"] = paired
+
+    if not tr.empty:
+        cols = [c for c in tr.columns if c.startswith(("entropy_", "masked"))]
+        result["train_means"] = (
+            tr.groupby(["task", "base", "method"])[cols].mean().reset_index().to_dict(orient="records")
+        )
+    result["compact"] = _compact(summ, paired, fs, pk)
+    (out / "summary.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    (out / "summary.md").write_text(_markdown(result, summ, fs))
+    seconds_path = out / "run_seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.exists() else {}
+    (out / "readme_table.md").write_text(readme_block(result, fs, seconds))
+    if plots:
+        _plots(out, summ, tr, pd.DataFrame(paired), fs)
+    return result
+
+
+def _phenomenon(summ: pd.DataFrame, fs: Any, pk: str) -> list[dict[str, Any]]:
+    """Per task, base and method: in how many seeds avg@K rose and pass@K fell against the base model (last step)."""
     phen = []
     for (task, base), g in summ[np.isclose(summ["temperature"], fs.PRIMARY_T)].groupby(["task", "base"]):
         b = g[g["method"] == "base"]
@@ -146,9 +185,12 @@ def analyze(out: Path) -> dict[str, Any]:
                     "base_pass_D": float(b.get(f"{pk}_D", np.nan)),
                 }
             )
-    result["phenomenon"] = phen
+    return phen
 
-    # 2. Paired differences against GRPO with bootstrap intervals over seeds and prompts.
+
+def _paired_vs_grpo(ev: pd.DataFrame, fs: Any, k_primary: int) -> list[dict[str, Any]]:
+    """Every method against GRPO, paired by seed: the four primary numbers with 95 % bootstrap intervals."""
+    pk = f"pass@{k_primary}"
     paired = []
     frames = _endpoint_frames(ev[ev["method"] != "base"], fs)
     for (task, base), g in ev[ev["method"] != "base"].groupby(["task", "base"]):
@@ -179,17 +221,7 @@ def analyze(out: Path) -> dict[str, Any]:
                             "excludes_zero": bool(lo > 0 or hi < 0),
                         }
                     )
-    result["paired_vs_grpo"] = paired
-    if not tr.empty:
-        cols = [c for c in tr.columns if c.startswith(("entropy_", "masked"))]
-        result["train_means"] = (
-            tr.groupby(["task", "base", "method"])[cols].mean().reset_index().to_dict(orient="records")
-        )
-    result["compact"] = _compact(summ, paired, fs, pk)
-    (out / "summary.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
-    (out / "summary.md").write_text(_markdown(result, summ, fs))
-    _plots(out, summ, tr, pd.DataFrame(paired), fs)
-    return result
+    return paired
 
 
 def _compact(summ: pd.DataFrame, paired: list[dict[str, Any]], fs: Any, pk: str) -> list[dict[str, Any]]:
@@ -236,6 +268,8 @@ def _markdown(result: dict[str, Any], summ: pd.DataFrame, fs: Any) -> str:
             f"{r['diff']:+.4f}{mark} | [{r['lo']:+.4f}, {r['hi']:+.4f}] |"
         )
     lines += ["", "`*`: the interval excludes zero.", ""]
+    for task, base in _order(result, fs):
+        lines += _endpoint_table(result["paired_vs_grpo"], task, base, fs)
     fmt = lambda d: f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]" if d else "-"  # noqa: E731
     lines += [
         f"## Compact table (T={fs.PRIMARY_T}, last step, class-weighted; differences paired by seed, 95 % bootstrap)",
@@ -268,74 +302,297 @@ def _markdown(result: dict[str, Any], summ: pd.DataFrame, fs: Any) -> str:
 
 
 def _plots(out: Path, summ: pd.DataFrame, tr: pd.DataFrame, paired: pd.DataFrame, fs: Any) -> None:
+    """entropy_and_masking.png, pass_at_k_<base>.png (pass_at_k_neutral_<base>.png) and paired_vs_grpo.png."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [m for m in fs.METHODS if m in set(summ["method"])]
     colors = {m: f"C{i}" for i, m in enumerate(["base", *fs.METHODS])}
-    fork = summ[summ["task"] == "forking"]
-    # Entropy over steps: strategy token vs the rest.
     if not tr.empty:
-        t = tr[tr["task"] == "forking"]
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        _plot_entropy(plt, out, tr, fs, colors)
+    for task, base in sorted({(t, b) for t, b in zip(summ["task"], summ["base"], strict=True)}):
+        _plot_pass_at_k(plt, out, summ[(summ["task"] == task) & (summ["base"] == base)], task, base, fs, colors)
+    if not paired.empty:
+        _plot_paired(plt, out, paired, fs, colors)
+
+
+def _plot_entropy(plt: Any, out: Path, tr: pd.DataFrame, fs: Any, colors: dict[str, str]) -> None:
+    """Per task (row): entropy of the strategy token and of the rest over steps (mean over bases and seeds, band
+    = sd), and the masked share by token role."""
+    tasks = [t for t in ("forking", "chain") if t in set(tr["task"])]
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(16, 4.2 * len(tasks)), squeeze=False)
+    roles = ["masked_strategy", "masked_rest", "masked_neg_strategy", "masked_neg_rest"]
+    for row, task in zip(axes, tasks, strict=True):
+        t = tr[tr["task"] == task]
+        methods = [m for m in fs.METHODS if m in set(t["method"])]
         for m in methods:
             g = t[t["method"] == m].groupby("step")
-            for ax, col in zip(axes[:2], ("entropy_strategy", "entropy_rest"), strict=True):
+            for ax, col in zip(row[:2], ("entropy_strategy", "entropy_rest"), strict=True):
                 mean, sd = g[col].mean(), g[col].std().fillna(0)
-                ax.plot(mean.index, mean, color=colors[m], label=m)
-                ax.fill_between(mean.index, mean - sd, mean + sd, color=colors[m], alpha=0.15)
-        for ax, title in zip(axes[:2], ("strategy token (response position 0)", "rest of the response"), strict=True):
-            ax.set(title=f"entropy (nats), {title}", xlabel="step")
-        axes[0].legend(fontsize=8)
-        # Masked share by token role.
-        means = t.groupby("method")[["masked_strategy", "masked_rest", "masked_neg_strategy", "masked_neg_rest"]].mean()
-        means = means.reindex([m for m in methods if m in means.index])
+                ax.plot(mean.index, mean, color=colors[m], label=LABELS[m], lw=1.2)
+                ax.fill_between(mean.index, mean - sd, mean + sd, color=colors[m], alpha=0.08)
+        for ax, what in zip(row[:2], ("strategy token (response position 0)", "rest of the response"), strict=True):
+            ax.set(title=f"{task}: entropy (nats), {what}", xlabel="step")
+        row[0].legend(fontsize=7)
+        means = t.groupby("method")[roles].mean().reindex(methods)
         x = np.arange(len(means))
-        for i, col in enumerate(means.columns):
-            axes[2].bar(x + 0.2 * i - 0.3, means[col], width=0.2, label=col)
-        axes[2].set_xticks(x, means.index, rotation=30, fontsize=8)
-        axes[2].set(title="masked share by token role (mean over steps)", yscale="symlog", ylabel="share")
-        axes[2].set_yscale("symlog", linthresh=1e-4)
-        axes[2].set_ylim(0, 1.5)
-        axes[2].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "entropy_and_masking.png", dpi=90)
-        plt.close(fig)
-    # pass@k curves per class, last step (base = step 0), both temperatures, per base model.
-    for base in sorted(set(fork["base"])):
-        fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
-        fb = fork[fork["base"] == base]
-        last = fb[fb["step"] == fb.groupby(["method", "seed"])["step"].transform("max")]
-        for row, temp in enumerate(fs.TEMPERATURES):
-            for col, cls in enumerate(STRATEGIES):
-                ax = axes[row, col]
-                for m in ["base", *methods]:
-                    g = last[(last["method"] == m) & np.isclose(last["temperature"], temp)]
-                    if g.empty:
-                        continue
+        for i, col in enumerate(roles):
+            row[2].bar(x + 0.2 * i - 0.3, means[col], width=0.2, label=col)
+        row[2].set_xticks(x, [LABELS[m] for m in means.index], rotation=30, ha="right", fontsize=7)
+        row[2].set_yscale("symlog", linthresh=1e-4)
+        row[2].set(title=f"{task}: masked share by token role (mean over steps)", ylabel="share", ylim=(0, 1.5))
+        row[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "entropy_and_masking.png", dpi=90)
+    plt.close(fig)
+
+
+def _plot_pass_at_k(
+    plt: Any, out: Path, fb: pd.DataFrame, task: str, base: str, fs: Any, colors: dict[str, str]
+) -> None:
+    """pass@k against k per class (columns) and temperature (rows) at the last step (the base model: step 0)."""
+    classes = [c for c in WEIGHTS[task] if f"pass@1_{c}" in fb.columns]
+    fig, axes = plt.subplots(2, len(classes), figsize=(4 * len(classes) + 1, 7), sharey=True, squeeze=False)
+    last = fb[fb["step"] == fb.groupby(["method", "seed"])["step"].transform("max")]
+    for row, temp in enumerate(fs.TEMPERATURES):
+        for col, cls in enumerate(classes):
+            ax = axes[row, col]
+            for m in ["base", *fs.METHODS]:
+                g = last[(last["method"] == m) & np.isclose(last["temperature"], temp)]
+                if not g.empty:
                     ks = list(fs.KS)
-                    ax.plot(ks, [g[f"pass@{k}_{cls}"].mean() for k in ks], marker=".", color=colors[m], label=m)
-                ax.set(xscale="log", title=f"class {cls}, T={temp}", xlabel="k")
-        axes[0, 0].set_ylabel("pass@k (test, last step)")
-        axes[0, 0].legend(fontsize=7)
-        fig.suptitle(f"{base}: pass@k per class (mean over seeds; avg@K = pass@1)")
-        fig.tight_layout()
-        fig.savefig(out / f"pass_at_k_{base}.png", dpi=90)
-        plt.close(fig)
-    # Paired differences against GRPO.
-    if not paired.empty:
-        sel = paired[paired["task"] == "forking"]
-        panels = sorted(set(zip(sel["endpoint"], sel["metric"], strict=True)))
-        fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 4), squeeze=False)
-        for ax, (endpoint, metric) in zip(axes[0], panels, strict=False):
-            g = sel[(sel["endpoint"] == endpoint) & (sel["metric"] == metric)].reset_index(drop=True)
-            labels = [f"{r.method}\n{r.base}" for r in g.itertuples()]
-            ax.errorbar(g["diff"], np.arange(len(g)), xerr=[g["diff"] - g["lo"], g["hi"] - g["diff"]], fmt="o")
-            ax.axvline(0, color="k", lw=0.8)
-            ax.set_yticks(np.arange(len(g)), labels, fontsize=7)
-            ax.set(title=f"{metric}, {endpoint}\nminus GRPO (95% CI)")
-        fig.tight_layout()
-        fig.savefig(out / "paired_vs_grpo.png", dpi=90)
-        plt.close(fig)
+                    ax.plot(ks, [g[f"pass@{k}_{cls}"].mean() for k in ks], marker=".", color=colors[m], label=LABELS[m])
+            ax.set(xscale="log", title=f"class {cls}, T={temp}", xlabel="k")
+    axes[0, 0].set_ylabel("pass@k (test, last step)")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"{task} / {base}: pass@k per class (mean over seeds; avg@K = pass@1)")
+    fig.tight_layout()
+    fig.savefig(out / (f"pass_at_k_{base}.png" if task == "forking" else f"pass_at_k_neutral_{base}.png"), dpi=90)
+    plt.close(fig)
+
+
+def _plot_paired(plt: Any, out: Path, paired: pd.DataFrame, fs: Any, colors: dict[str, str]) -> None:
+    """Method - GRPO per (task, base) row, one panel per endpoint and metric, 95 % bootstrap intervals."""
+    order = {m: i for i, m in enumerate(fs.METHODS)}
+    paired = paired.assign(
+        key=[
+            (t != "forking", b, order[m], m)
+            for t, b, m in zip(paired["task"], paired["base"], paired["method"], strict=True)
+        ]
+    )
+    panels = sorted(set(zip(paired["endpoint"], paired["metric"], strict=True)))
+    rows = sorted(set(paired["key"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(2 + 3.5 * len(panels), 1.5 + 0.3 * len(rows)), squeeze=False)
+    for ax, (endpoint, metric) in zip(axes[0], panels, strict=True):
+        g = paired[(paired["endpoint"] == endpoint) & (paired["metric"] == metric)]
+        for r in g.itertuples():
+            y = rows.index(r.key)
+            err = [[r.diff - r.lo], [r.hi - r.diff]]
+            ax.errorbar(r.diff, y, xerr=err, fmt="o", color=colors[r.method], ms=4)
+        ax.axvline(0, color="k", lw=0.8)
+        labels = [f"{k[1]}: {LABELS[k[3]].split(' (')[0]}" for k in rows] if ax is axes[0, 0] else []
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set(title=f"{metric}, {endpoint}\nminus GRPO (95% CI)")
+    fig.tight_layout()
+    fig.savefig(out / "paired_vs_grpo.png", dpi=90)
+    plt.close(fig)
+
+
+def _endpoint_table(paired: list[dict[str, Any]], task: str, base: str, fs: Any) -> list[str]:
+    """The four primary numbers of every method against GRPO on one base model (the neutral task's question:
+    does anything hurt it?)."""
+    rows = {(r["method"], r["endpoint"], r["metric"][:4]): r for r in paired if (r["task"], r["base"]) == (task, base)}
+    if not rows:
+        return []
+    title = "Neutral task: does anything hurt the chain task?" if task == "chain" else f"Primary endpoint on {base}"
+    lines = [
+        f"## {title} (method - GRPO, paired by seed, 95 % bootstrap)",
+        "",
+        "| method | seeds | pass@K last | avg@K last | pass@K mean over evals | avg@K mean over evals | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in fs.METHODS:
+        cells = [rows.get((method, e, m)) for e in ("last", "mean_over_evals") for m in ("pass", "avg@")]
+        if not any(cells):
+            continue
+        seeds = max(c["seeds"] for c in cells if c)
+        text = [_ci((c["diff"], c["lo"], c["hi"])) if c else "-" for c in cells]
+        verdict = _verdict(paired, task, base, method)[0]
+        lines.append(f"| {LABELS[method]} | {seeds} | {' | '.join(text)} | {verdict} |")
+    return [*lines, ""]
+
+
+# ------------------------------------------------------------------------ README / report block (generated)
+def _ci(d: tuple[float, float, float] | None) -> str:
+    return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]" if d else ""
+
+
+def _order(result: dict[str, Any], fs: Any) -> list[tuple[str, str]]:
+    """(task, base) pairs present: the forking bases first, then the neutral task."""
+    pairs = {(r["task"], r["base"]) for r in result["compact"]}
+    return sorted(pairs, key=lambda tb: (tb[0] != "forking", tb[1]))
+
+
+def _headline_rows(result: dict[str, Any], fs: Any) -> list[str]:
+    """Markdown rows of the headline table: per (task, base) the base model, then the methods of ``fs.METHODS``."""
+    compact = {(r["task"], r["base"], r["method"]): r for r in result["compact"]}
+    phen = {(r["task"], r["base"], r["method"]): r for r in result["phenomenon"]}
+    rows = []
+    for task, base in _order(result, fs):
+        name = base if task == "forking" else f"{base} (neutral)"
+        for method in ["base", *fs.METHODS]:
+            r = compact.get((task, base, method))
+            if r is None:
+                continue
+            p = phen.get((task, base, method))
+            seeds = "-" if method == "base" else str(r["seeds"])
+            shows = f"{p['both']}/{p['seeds']}" if p else ""
+            rows.append(
+                f"| {name} | {LABELS[method]} | {seeds} | {r['avg']:.3f} | {r['pass']:.3f} | "
+                f"{_ci(r.get('d_pass'))} | {_ci(r.get('d_avg'))} | {shows} |"
+            )
+    return rows
+
+
+def _verdict(paired: list[dict[str, Any]], task: str, base: str, method: str) -> tuple[str, list[str]]:
+    """'better' / 'worse' / 'mixed' / 'no difference' against GRPO over the four primary numbers (pass@K and
+    avg@K, last step and mean over evaluations), and the numbers whose interval excludes zero."""
+    rows = [r for r in paired if (r["task"], r["base"], r["method"]) == (task, base, method)]
+    if not rows:
+        return "not run", []
+    above = [r for r in rows if r["lo"] > 0]
+    below = [r for r in rows if r["hi"] < 0]
+    verdict = {(True, False): "better", (False, True): "worse", (True, True): "mixed"}.get(
+        (bool(above), bool(below)), "no difference"
+    )
+    when = {"last": "last step", "mean_over_evals": "mean over evals"}
+    details = [
+        f"{r['metric']} {when[r['endpoint']]} {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]" for r in above + below
+    ]
+    return verdict, details
+
+
+def _method_sentence(paired: list[dict[str, Any]], bases: list[tuple[str, str]], method: str) -> tuple[str, int]:
+    """'fork-s0 worse (...), fork-s1 no difference' and the number of bases where ``method`` is better."""
+    parts, better = [], 0
+    for task, base in bases:
+        verdict, details = _verdict(paired, task, base, method)
+        better += verdict == "better"
+        parts.append(f"{base} {verdict}" + (f" ({'; '.join(details)})" if details else ""))
+    return ", ".join(parts), better
+
+
+def _phenomenon_sentence(result: dict[str, Any], pk: str) -> str:
+    rows = [r for r in result["phenomenon"] if r["task"] == "forking" and r["method"] == "grpo"]
+    if not rows:
+        return "No GRPO runs on the forking task in the tables yet."
+    parts = [
+        f"{r['both']}/{r['seeds']} seeds on {r['base']} (class D {pk} {r['base_pass_D']:.3f} -> {r['pass_D_mean']:.3f})"
+        for r in rows
+    ]
+    every = all(r["both"] == r["seeds"] for r in rows)
+    return (
+        f"GRPO shows the phenomenon (avg@{pk[5:]} up and {pk} down against the base model at the last step) in "
+        + " and ".join(parts)
+        + (": in every seed." if every else ": **not** in every seed.")
+    )
+
+
+def _answers(result: dict[str, Any], fs: Any, pk: str) -> list[str]:
+    """The issue's questions answered from the numbers: phenomenon, Clip_B, the controls, the neutral task."""
+    paired = result["paired_vs_grpo"]
+    fork = [tb for tb in _order(result, fs) if tb[0] == "forking"]
+    lines = [f"- {_phenomenon_sentence(result, pk)}"]
+    clip_b, better = _method_sentence(paired, fork, "clip_b")
+    lines.append(
+        f"- {LABELS['clip_b']} against GRPO on the four primary numbers ({pk} and avg@{pk[5:]}, last step and mean "
+        f"over evaluations; in brackets those whose 95 % interval excludes zero): {clip_b}. "
+        f"Clip_B beats GRPO (some primary number's interval above zero, none below) on {better} of {len(fork)} base "
+        "models."
+    )
+    lines.append("- The others against GRPO (same reading):")
+    lines += [
+        f"  - {LABELS[m]}: {_method_sentence(paired, fork, m)[0]}" for m in fs.METHODS if m not in ("grpo", "clip_b")
+    ]
+    chain = [tb for tb in _order(result, fs) if tb[0] == "chain"]
+    neutral = [(m, *_verdict(paired, *chain[0], m)) for m in fs.METHODS if m != "grpo"] if chain else []
+    neutral = [n for n in neutral if n[1] != "not run"]
+    if not neutral:
+        lines.append("- The neutral chain task has no RL runs against GRPO in the tables yet.")
+    else:
+        hurt = [n for n in neutral if n[1] in ("worse", "mixed")]
+        said = "; ".join(f"{LABELS[m]} {v}" + (f" ({'; '.join(d)})" if d else "") for m, v, d in neutral)
+        lines.append(
+            f"- Neutral chain task against GRPO: {said}. {len(hurt)} of {len(neutral)} methods hurt it "
+            "(some interval below zero)."
+        )
+    return lines
+
+
+def _coverage(result: dict[str, Any], fs: Any, seconds: dict[str, float]) -> list[str]:
+    """Which cells of the design grid are incomplete, and the measured wall time (sum of per-run seconds)."""
+    design = fs.grid(fs.parse_args(["--out", "x", "--grid", "full"]))
+    have = {(r["task"], r["base"], r["method"]): r["seeds"] for r in result["compact"]}
+    cells: dict[tuple[str, str, str], int] = {}
+    for run in design:
+        cells[(run.task, run.base, run.method)] = cells.get((run.task, run.base, run.method), 0) + 1
+    short = [
+        f"{b} {LABELS[m]} {have.get((t, b, m), 0)}/{n}" for (t, b, m), n in cells.items() if have.get((t, b, m), 0) < n
+    ]
+    lines = [
+        f"- Not in the tables yet (seeds present / designed): {', '.join(short)}."
+        if short
+        else f"- Every run of the design grid ({len(design)} RL runs) is in the tables."
+    ]
+    runs = {k: v for k, v in seconds.items() if not k.endswith("__s-1")}
+    if runs:
+        total, mean = sum(runs.values()), sum(runs.values()) / len(runs)
+        lines.append(
+            f"- Measured wall time (scripts/forking/results/run_seconds.json, 1 thread per run): {len(runs)} RL runs, "
+            f"{total:.0f} run-seconds in total (mean {mean:.0f} s), i.e. about {total / 2 / 3600:.1f} h on 2 cores in "
+            f"2 shards; the full design grid ({len(design)} runs) at that mean: about "
+            f"{len(design) * mean / 2 / 3600:.1f} h."
+        )
+    return lines
+
+
+def readme_block(result: dict[str, Any], fs: Any, seconds: dict[str, float]) -> str:
+    """The README / report block: the headline table next to the paper's numbers and the generated answers."""
+    pk = f"pass@{result['k_primary']}"
+    ak = f"avg@{result['k_primary']}"
+    lines = [
+        f"Test split, T = {fs.PRIMARY_T}, last step, class-weighted, mean over RL seeds; differences against GRPO "
+        "are paired by seed with 95 % bootstrap intervals over seeds and prompts (generated by "
+        "`scripts/forking_analysis.py` from the committed `eval.csv` / `train.csv`; do not edit by hand).",
+        "",
+        f"| base | method | seeds | {ak} | {pk} | {pk} - GRPO | {ak} - GRPO | {ak} up & {pk} down vs base |",
+        "|---|---|---|---|---|---|---|---|",
+        *_headline_rows(result, fs),
+        PAPER_ROW,
+        "",
+        *_answers(result, fs, pk),
+        *_coverage(result, fs, seconds),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(path: Path, marker: str, block: str) -> bool:
+    """Replace the text between ``<!-- {marker}:start -->`` and ``<!-- {marker}:end -->`` in ``path`` with
+    ``block``; True if the file changed. Raises if the markers are missing."""
+    text = Path(path).read_text()
+    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"{path} has no '{start.strip()}' ... '{end}' block")
+    new = text[: i + len(start)] + block + text[j:]
+    Path(path).write_text(new)
+    return new != text
+
+
+def read_block(path: Path, marker: str) -> str:
+    """The text between the ``marker`` start and end comments of ``path``."""
+    text = Path(path).read_text()
+    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
+    return text[text.index(start) + len(start) : text.index(end)]

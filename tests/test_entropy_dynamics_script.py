@@ -27,6 +27,16 @@ def test_bad_flags_name_the_flag():
         script.parse_args(["--out", "x", "--sections", "az"])
 
 
+def test_t_interval_against_hand_values():
+    script = _load_script()
+    # mean 2, sd 1, n 3: half width t_{0.975, 2} / sqrt(3) = 4.303 / 1.732
+    mean, lo, hi = script.t_interval([1.0, 2.0, 3.0])
+    assert (mean, lo, hi) == pytest.approx((2.0, 2.0 - 2.48434, 2.0 + 2.48434), abs=1e-4)
+    # n 5, sd sqrt(2.5): t_{0.975, 4} = 2.776
+    assert script.t_interval([0.0, 1.0, 2.0, 3.0, 4.0])[2] == pytest.approx(2.0 + 2.776 * (2.5**0.5) / 5**0.5)
+    assert script.t_interval([0.5])[0] == 0.5
+
+
 def test_quick_run_writes_report_plots_and_numbers(tmp_path):
     pytest.importorskip("matplotlib")
     script = _load_script()
@@ -41,6 +51,12 @@ def test_quick_run_writes_report_plots_and_numbers(tmp_path):
     assert steps[-1]["corr_first_order"] > 0.95
     # (b) four conditions, each with an entropy trajectory; (d) masked fraction falls with mu.
     assert set(results["b"]) == {"pos_s_pos", "pos_s_neg", "neg_s_pos", "neg_s_neg"}
+    for row in results["b"].values():  # --quick runs 2 seeds per condition; 'holds' counts their signs
+        assert [r["seed"] for r in row["runs"]] == [0, 1] and len(row["runs"][0]["entropy"]) == 3
+        assert row["holds"] == sum((r["slope_per_step"] < 0) == (row["expected"] == "down") for r in row["runs"])
+        assert row["holds_change"] == sum(
+            (r["entropy"][-1] < r["entropy"][0]) == (row["expected"] == "down") for r in row["runs"]
+        )
     fracs = [row["frac"] for row in results["d"]["clip_b"]]
     assert fracs == sorted(fracs, reverse=True) and fracs[0] > fracs[-1]
     # (e) one run per method, with validation curves.

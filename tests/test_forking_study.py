@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -53,6 +54,48 @@ def test_paired_bootstrap_against_brute_force():
     assert analysis.paired_bootstrap(np.full((3, 12), 0.1), classes, weights, 100) == pytest.approx((0.1, 0.1, 0.1))
 
 
+def test_readme_and_report_blocks_are_generated_from_the_committed_tables(tmp_path):
+    """README's and report.md's results blocks equal what the analysis prints from the committed tables."""
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    analysis, study = _load("forking_analysis"), _load("forking_study")
+    results = study.STUDY_DIR / "results"
+    for name in ("eval.csv", "train.csv", "run_seconds.json"):
+        shutil.copy(results / name, tmp_path / name)
+    analysis.analyze(tmp_path, plots=False)
+    block = (tmp_path / "readme_table.md").read_text()
+    stale = "stale: python scripts/forking_study.py --analyze --out scripts/forking/results --update-readme"
+    for path, marker in study.DOCS:
+        assert analysis.read_block(path, marker) == block, f"{path.name} {stale}"
+    # One headline number by hand: GRPO on fork-s0, last step, T = 1, p(correct) weighted 70/20/8/2 % by class.
+    ev = pd.read_csv(results / "eval.csv")
+    g = ev[(ev["base"] == "fork-s0") & (ev["method"] == "grpo") & (ev["temperature"] == 1.0)]
+    g = g[g["step"] == g["step"].max()]
+    per_seed = [
+        sum(w * np.exp(s[s["class"] == c]["logp"]).mean() for c, w in zip("ABCD", (0.7, 0.2, 0.08, 0.02), strict=True))
+        for _, s in g.groupby("seed")
+    ]
+    assert f"| fork-s0 | GRPO | {len(per_seed)} | {np.mean(per_seed):.3f} |" in block
+    assert analysis.PAPER_ROW in block and "16.88 -> 19.69" in block
+
+
+def test_verdicts_and_block_replacement(tmp_path):
+    analysis = _load("forking_analysis")
+    row = dict(task="forking", base="b", method="clip_b", endpoint="last", metric="pass@64", diff=0.1)
+    paired = [dict(row, lo=0.05, hi=0.2), dict(row, metric="avg@64", lo=-0.1, hi=0.2)]
+    assert analysis._verdict(paired, "forking", "b", "clip_b")[0] == "better"
+    assert analysis._verdict([dict(row, lo=-0.3, hi=-0.01)], "forking", "b", "clip_b")[0] == "worse"
+    assert analysis._verdict(paired + [dict(row, lo=-0.3, hi=-0.01)], "forking", "b", "clip_b")[0] == "mixed"
+    assert analysis._verdict(paired[1:], "forking", "b", "clip_b") == ("no difference", [])
+    assert analysis._verdict(paired, "chain", "b", "clip_b") == ("not run", [])
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- x:start -->\nold\n<!-- x:end -->\ntail\n")
+    assert analysis.replace_block(doc, "x", "new\n") and not analysis.replace_block(doc, "x", "new\n")
+    assert doc.read_text() == "intro\n<!-- x:start -->\nnew\n<!-- x:end -->\ntail\n"
+    with pytest.raises(ValueError, match="y:start"):
+        analysis.replace_block(doc, "y", "z")
+
+
 @pytest.mark.slow
 def test_smoke_study_runs_and_resumes(tmp_path):
     pytest.importorskip("matplotlib")
@@ -60,11 +103,21 @@ def test_smoke_study_runs_and_resumes(tmp_path):
     if not (study.MODELS_DIR / "fork-s0" / "model.safetensors").exists():
         pytest.fail(f"base models missing under {study.MODELS_DIR}: run python scripts/make_forking_models.py")
     study.main(["--smoke", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--update-readme"):
+        study.main(["--smoke", "--update-readme", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "summary.json").read_text())
     methods = {(r["task"], r["method"]) for r in summary["phenomenon"]}
     assert {("forking", "grpo"), ("forking", "clip_b"), ("forking", "random_mask"), ("chain", "grpo")} <= methods
     assert {r["method"] for r in summary["paired_vs_grpo"]} == {"clip_b", "random_mask"}
-    for png in ("entropy_and_masking.png", "pass_at_k_fork-s0.png", "paired_vs_grpo.png"):
+    block = (tmp_path / "readme_table.md").read_text()
+    assert "| fork-s0 | Clip_B mu 2.5 | 1 |" in block and "Clip_B beats GRPO" in block
+    assert "- Not in the tables yet" in block  # the smoke grid is a sliver of the design
+    for png in (
+        "entropy_and_masking.png",
+        "pass_at_k_fork-s0.png",
+        "pass_at_k_neutral_fork-s0.png",
+        "paired_vs_grpo.png",
+    ):
         assert (tmp_path / png).stat().st_size > 0
     train = (tmp_path / "train.csv").read_text().splitlines()
     assert train[0].count("entropy_strategy") == 1 and len(train) == 1 + 4 * 2  # 4 runs x 2 steps
@@ -114,7 +167,7 @@ def test_exact_correct_probability_matches_sampling(temperature):
 
 def test_every_method_config_instantiates(tmp_path, monkeypatch):
     """base.yaml + each overlay (+ neutral.yaml) parses into the intended module and callbacks (no weights loaded)."""
-    from lit_entropy.callbacks import EntropyDiscriminatorClipping, RandomNegativeMasking
+    from lit_entropy.callbacks import AdaptiveEntropyBonus, EntropyDiscriminatorClipping, RandomNegativeMasking
     from lit_entropy.cli import cli_main
 
     monkeypatch.chdir(tmp_path)
@@ -141,4 +194,6 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
             assert got == expected
             assert [cb.mu for cb in randoms] == ([2.5] if method == "random_mask" else [])
             assert st.loss.clip_ratio_high == (0.28 if method == "clip_higher" else 0.2)
-            assert (st.loss.entropy_coef > 0) == (method == "entropy_bonus")
+            # The entropy bonus starts at 0 and is tuned online towards Clip_B's mean entropy (target 0.02).
+            bonus = [cb.entropy_target for cb in cli.trainer.callbacks if isinstance(cb, AdaptiveEntropyBonus)]
+            assert bonus == ([0.02] if method == "entropy_bonus" else []) and st.loss.entropy_coef == 0

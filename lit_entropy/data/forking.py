@@ -9,9 +9,10 @@ right on 70% of prompts, ``B`` on 20%, ``C`` on 8% and ``D`` on 2% (:data:`CLASS
 response is correct per prompt. This is the regime where arXiv 2602.03392's entropy collapse is
 harmful: a policy that stops sampling the minority strategies loses pass@K at large K.
 
-**Chain-sum task (neutral control).** A prompt is ``q``, 8 digits and ``=``; the response lists the
-running sums mod 10 (``"q35271866="`` -> ``"3.8.0.7.8.6.2.8"``). Every token is determined by the
-prompt, so a falling entropy there is benign.
+**Chain-sum task (neutral control).** A prompt is ``q``, 5 digits and ``=``; the response lists the
+running sums mod 10 (``"q35271="`` -> ``"3.8.0.7.8"``). Every token is determined by the prompt, so a
+falling entropy there is benign. (Five digits, not eight: the 0.6M-parameter base model did not learn an
+8-digit chain within 2000 supervised steps, sampled accuracy 0.0, leaving RL no reward to learn from.)
 
 Splits are disjoint by construction: a payload belongs to ``train``, ``validation`` or ``test`` by a
 fixed function of its digits, whatever ``seed`` draws it. Rows carry their ``class`` (the right
@@ -58,7 +59,7 @@ PAYLOAD_DIGITS = 6
 #: Copies of the mapped payload in a response (1 strategy token + 4 x 7 = 29 tokens).
 PAYLOAD_COPIES = 4
 #: Digits of a chain-sum prompt.
-CHAIN_DIGITS = 8
+CHAIN_DIGITS = 5
 #: Every character of either task.
 FORKING_ALPHABET = "0123456789" + KEYS + STRATEGIES + "q>.="
 FORKING_SPLITS = ("train", "validation", "test")

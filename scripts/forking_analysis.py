@@ -516,6 +516,7 @@ def _answers(result: dict[str, Any], fs: Any, pk: str) -> list[str]:
     lines += [
         f"  - {LABELS[m]}: {_method_sentence(paired, fork, m)[0]}" for m in fs.METHODS if m not in ("grpo", "clip_b")
     ]
+    lines += _null_control(paired, fork)
     chain = [tb for tb in _order(result, fs) if tb[0] == "chain"]
     neutral = [(m, *_verdict(paired, *chain[0], m)) for m in fs.METHODS if m != "grpo"] if chain else []
     neutral = [n for n in neutral if n[1] != "not run"]
@@ -529,6 +530,22 @@ def _answers(result: dict[str, Any], fs: Any, pk: str) -> list[str]:
             "(some interval below zero)."
         )
     return lines
+
+
+def _null_control(paired: list[dict[str, Any]], fork: list[tuple[str, str]]) -> list[str]:
+    """How often clip-higher, which is GRPO here, clears the interval: the comparison's false-positive rate."""
+    rows = [r for r in paired if r["method"] == "clip_higher" and (r["task"], r["base"]) in fork]
+    if not rows:
+        return []
+    hits = [r for r in rows if r["lo"] > 0 or r["hi"] < 0]
+    return [
+        f"- Calibration: clip-higher is GRPO here (one update per batch, the ratio is exactly 1, no clip binds), so "
+        f"its runs differ from GRPO's only through chaotic divergence of the trajectories (floating-point order, "
+        f"code revisions between the sessions that ran them). {len(hits)} of its {len(rows)} primary intervals "
+        "exclude zero"
+        + (f" ({'; '.join(r['base'] + ' ' + r['metric'] + ' ' + r['endpoint'] for r in hits)})" if hits else "")
+        + ": read a single interval excluding zero for another method with that false-positive rate in mind."
+    ]
 
 
 def _coverage(result: dict[str, Any], fs: Any, seconds: dict[str, float]) -> list[str]:

@@ -180,7 +180,11 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
             assert cli.trainer.max_steps == 7 and cli.datamodule.seed == 3 and cli.model.policy is None
             assert st.reward.fn == "lit_entropy.data.forking:reward" and st.loss.kl_coef == 0
             assert st.sampling.temperature == 1.0 and st.sampling.num_samples == 8 and st.update.epochs == 1
-            assert st.sampling.max_new_tokens == (31 if task == "forking" else 17)
+            from lit_entropy.data.forking import CHAIN_DIGITS, chain_sum_response
+
+            # The response, <eos>, one token of slack.
+            chain_len = len(chain_sum_response("1" * CHAIN_DIGITS)) + 2
+            assert st.sampling.max_new_tokens == (31 if task == "forking" else chain_len)
             assert st.policy.model_name_or_path == str(study.MODELS_DIR / base)
             assert cli.datamodule.train_dataset.endswith(f"{task}/train.jsonl")
             masks = [cb for cb in cli.trainer.callbacks if isinstance(cb, EntropyDiscriminatorClipping)]

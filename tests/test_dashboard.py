@@ -101,7 +101,7 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
 
     for tag, points in run["scalars"].items():
         if len({value for _, value in points}) == 1 and len(points) > 1:
-            assert expected[tag]["constant"], f"{tag} is constant over the run and README does not say why"
+            assert expected[tag]["constant"], f"{tag} is constant over the run ({points}) and README does not say why"
 
     train_steps = [step for step, _ in run["scalars"]["train/reward/mean"]]
     assert train_steps == [0, 1, 2, 3]

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from make_tiny_model import build_qwen2, make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.data.forking import (
@@ -68,33 +68,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    """4 layers, hidden 128, 2 heads of 64 (vLLM-servable), ~0.6M parameters."""
+    return build_qwen2(
+        tokenizer,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=tokenizer.model_max_length,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
+        num_layers=4,
+        num_heads=2,
+        num_kv_heads=1,
+        seed=seed,
         max_new_tokens=31,
     )
-    return model
 
 
 @torch.no_grad()

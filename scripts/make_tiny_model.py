@@ -56,21 +56,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     if args.hidden_size // args.num_heads != 64:
         raise ValueError(f"hidden_size / num_heads must be 64 (vLLM), got {args.hidden_size}/{args.num_heads}")
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return build_qwen2(
+        tokenizer,
         hidden_size=args.hidden_size,
         intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_heads,
-        num_key_value_heads=args.num_kv_heads,
-        head_dim=args.hidden_size // args.num_heads,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        seed=args.seed,
+        max_new_tokens=6,
+    )
+
+
+def build_qwen2(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    seed: int,
+    max_new_tokens: int,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised tied-head Qwen2 over ``tokenizer`` (head_dim = hidden_size / num_heads) whose
+    generation config samples plainly at T = 1 (no top-k / top-p)."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
         max_position_embeddings=tokenizer.model_max_length,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
@@ -80,7 +105,7 @@ def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) ->
         temperature=1.0,
         top_k=0,
         top_p=1.0,
-        max_new_tokens=6,
+        max_new_tokens=max_new_tokens,
     )
     return model
 

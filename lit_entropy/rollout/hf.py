@@ -42,6 +42,7 @@ class HFRolloutEngine(RolloutEngine):
         # HF fills every generation setting left unset from the checkpoint's generation_config.json (Qwen2.5's
         # sets repetition_penalty=1.05, top_k=20, top_p=0.8): samples would then come from another distribution
         # than the softmax(logits / T) the trainer's log-probs assume. A clean config for the call excludes them.
+        prompt_mask = attention_mask.repeat_interleave(sampling.num_samples, dim=0)
         saved = getattr(policy, "generation_config", None)
         policy.generation_config = GenerationConfig(bos_token_id=getattr(saved, "bos_token_id", None))
         try:
@@ -49,7 +50,7 @@ class HFRolloutEngine(RolloutEngine):
             # sampling at ~5x less CPU than HF's softmax + torch.multinomial (see lit_entropy.functional.sampling).
             output = policy.generate(
                 input_ids=input_ids.repeat_interleave(sampling.num_samples, dim=0),
-                attention_mask=attention_mask.repeat_interleave(sampling.num_samples, dim=0),
+                attention_mask=prompt_mask,
                 do_sample=False,
                 logits_processor=sampling_processors(sampling),
                 max_new_tokens=sampling.max_new_tokens,
@@ -63,7 +64,6 @@ class HFRolloutEngine(RolloutEngine):
         prompt_length = input_ids.shape[1]
         responses = output[:, prompt_length:]
         response_mask = response_mask_from_ids(responses, self.eos_token_id)
-        prompt_mask = attention_mask.repeat_interleave(sampling.num_samples, dim=0)
         full_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
         return RolloutBatch(sequences=output, attention_mask=full_mask, response_mask=response_mask)
 

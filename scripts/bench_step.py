@@ -42,6 +42,14 @@ GRPO with a t confidence interval. Phase timers wrap the module's public phase m
 
     python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
         --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
+
+Clip overheads at the realistic shape (``--realistic --interleaved``): separate processes per round leave the
+round-to-round drift of a shared machine in the Clip_V / Clip_B overheads. This mode runs the lit_entropy
+``--variants`` on the realistic model in one process, interleaved step by step as above, and reports each
+variant's mean per-cycle overhead over GRPO with a 95% t interval (peak RSS is not per side here):
+
+    python scripts/bench_step.py --realistic --interleaved --variants grpo clip_v clip_b --warmup 1 --steps 8 \
+        --threads 2
 """
 
 from __future__ import annotations
@@ -474,7 +482,12 @@ def summarize(runs: dict[str, RunTimes], *, paired: bool = True) -> dict[str, di
             row[f"token_vs_{base_key}"] = row["ms_per_token"] / base["ms_per_token"]
             mine, theirs = runs[name].seconds, runs[base_key].seconds
             if paired and len(mine) == len(theirs):
-                row[f"paired_vs_{base_key}"] = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+                ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+                row[f"paired_vs_{base_key}"] = statistics.median(ratios)
+                if len(ratios) >= 2:
+                    # Mean per-cycle overhead with a t interval: the CI of "clip_x costs y% more than grpo".
+                    mean, low, high = t_interval([r - 1 for r in ratios])
+                    row[f"overhead_vs_{base_key}"] = {"mean": mean, "ci_low": low, "ci_high": high}
     return out
 
 
@@ -496,6 +509,14 @@ def format_table(summary: dict[str, dict[str, float]]) -> str:
             )
             + " |"
         )
+    cis = [(n, b, row.get(f"overhead_vs_{b}")) for n, row in summary.items() for b in ("grpo", "trl")]
+    cis = [c for c in cis if c[2] is not None]
+    if cis:
+        lines += ["", "| variant | over | paired per-step overhead, mean [95% t CI] |", "|---|---|---|"]
+        for name, base, o in cis:
+            lines.append(
+                f"| {name} | {base} | {100 * o['mean']:+.1f}% [{100 * o['ci_low']:+.1f}, {100 * o['ci_high']:+.1f}] |"
+            )
     return "\n".join(lines)
 
 
@@ -591,14 +612,37 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def t_quantile(q: float, df: int) -> float:
+    """Quantile ``q`` in (0.5, 1) of Student's t with ``df`` degrees of freedom (no SciPy needed).
+
+    Bisection on the CDF ``1/2 + integral_0^x pdf``, the integral by composite Simpson on 2000 intervals
+    (accurate to ~1e-6 for the quantiles a confidence interval uses).
+    """
+    if not (0.5 < q < 1) or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float, n: int = 2000) -> float:
+        h = x / n
+        pdf = lambda t: math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))  # noqa: E731
+        inner = sum((4 if i % 2 else 2) * pdf(i * h) for i in range(1, n))
+        return 0.5 + h / 3 * (pdf(0.0) + inner + pdf(x))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < q:
+        high *= 2
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < q else (low, mid)
+    return (low + high) / 2
+
+
 def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
     """Mean and two-sided Student-t confidence interval of ``values`` (needs >= 2 values)."""
     if len(values) < 2:
         raise ValueError(f"a confidence interval needs >= 2 values, got {len(values)}")
-    from scipy import stats  # noqa: PLC0415 - only the realistic summary needs it
-
     mean = statistics.fmean(values)
-    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = t_quantile(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
@@ -806,6 +850,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true", help="keep the frameworks' own output")
     p.add_argument("--realistic", action="store_true", help="Qwen2.5-vocabulary model, one process per side and round")
     p.add_argument("--rounds", type=int, default=3, help="--realistic: rounds, side order rotated each round")
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="--realistic: the lit_entropy --variants in one process, interleaved step by step (paired overheads)",
+    )
     p.add_argument("--sides", nargs="+", default=list(REALISTIC_SIDES), choices=list(REALISTIC_SIDES))
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
@@ -833,8 +882,23 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         for name, default in (("batch_size", 4), ("group_size", 8), ("max_new_tokens", 64)):
             if getattr(args, name) is None:
                 setattr(args, name, default)
-        return main_realistic(args)
+        if not args.interleaved:
+            return main_realistic(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.model_dir is None:
+                args.model_dir = str(
+                    build_realistic_model(Path(tmp) / "model", vocab_size=args.vocab_size, hidden_size=args.hidden_size)
+                )
+            args.skip_trl = True
+            return main_interleaved(args, reward_fn="bench_step:hashed_coin_reward")
+    return main_interleaved(args)
+
+
+def main_interleaved(args: argparse.Namespace, reward_fn: str | None = None) -> dict[str, dict[str, float]]:
+    """Every variant (and TRL unless skipped) in this process, interleaved step by step; print the table."""
     settings = _read_settings(args)
+    if reward_fn is not None:
+        settings.reward_fn = reward_fn
     trl_version = None
     if not args.skip_trl:
         try:

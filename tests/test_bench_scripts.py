@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import sys
 import threading
 from pathlib import Path
@@ -84,6 +85,11 @@ def test_summarize_against_hand_computed_figures(bench):
     assert v["token_vs_grpo"] == pytest.approx((3.0 / 12.5) / (2.5 / 10))
     # Paired: per-step ratios 2/1, 3/2, 3/3, 5/4 -> median of (1.0, 1.25, 1.5, 2.0) = 1.375.
     assert v["paired_vs_grpo"] == pytest.approx(1.375)
+    # Paired overhead: per-step ratios - 1 = (1.0, 0.5, 0.0, 0.25), mean 0.4375, sd 0.4270, t(0.975, 3) = 3.1824.
+    o = v["overhead_vs_grpo"]
+    half = 3.18245 * statistics.stdev([1.0, 0.5, 0.0, 0.25]) / 2
+    assert o["mean"] == pytest.approx(0.4375) and o["ci_high"] == pytest.approx(0.4375 + half, rel=1e-4)
+    assert "| clip_v | grpo | +43.8% [" in bench.format_table(out)
     assert g["step_vs_trl"] == pytest.approx(2.5 / 1.0)
     assert g["token_vs_trl"] == pytest.approx((2.5 / 10) / (1.0 / 5))
     assert "step_vs_grpo" not in t and "step_vs_grpo" not in g
@@ -132,6 +138,15 @@ def test_hashed_coin_reward_is_a_deterministic_crc_coin(bench):
     assert bench.hashed_coin_reward(completions, answers) == expected
     many = bench.hashed_coin_reward([str(i) for i in range(200)], ["0"] * 200)
     assert 60 < sum(many) < 140  # both outcomes occur: groups get non-zero advantages
+
+
+@pytest.mark.parametrize(
+    ("q", "df", "table"), [(0.975, 1, 12.7062), (0.975, 4, 2.7764), (0.975, 30, 2.0423), (0.95, 9, 1.8331)]
+)
+def test_t_quantile_against_the_t_table(bench, q, df, table):
+    assert bench.t_quantile(q, df) == pytest.approx(table, abs=2e-4)
+    with pytest.raises(ValueError, match="df >= 1"):
+        bench.t_quantile(q, 0)
 
 
 def test_realistic_summary_against_hand_computed_figures(bench):
@@ -187,3 +202,14 @@ def test_realistic_flag_runs_every_lit_side_in_its_own_process(bench, tmp_path, 
             assert all(1 <= t <= 12 for t in run["tokens"])
     assert set(summary["overheads"]) == {"clip_v", "grpo_unfused"}
     assert len(summary["overheads"]["clip_v"]["wall"]["rounds"]) == 2
+
+
+@pytest.mark.slow
+def test_realistic_interleaved_reports_paired_overheads(bench, capsys):
+    args = ["--realistic", "--interleaved", "--vocab-size", "300", "--hidden-size", "64", "--warmup", "1"]
+    args += ["--steps", "2", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "3", "--threads", "1"]
+    summary = bench.main(args + ["--variants", "grpo", "clip_v"])
+    assert set(summary) == {"grpo", "clip_v"}  # TRL is never part of this mode
+    o = summary["clip_v"]["overhead_vs_grpo"]
+    assert o["ci_low"] <= o["mean"] <= o["ci_high"]
+    assert "| clip_v | grpo | " in capsys.readouterr().out

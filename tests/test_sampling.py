@@ -39,7 +39,7 @@ def test_sampler_long_tail_mass():
     logits[0] = 0.0
     tail_mass = tail * 5e-6 / (1 + tail * 5e-6)
     gen = torch.Generator().manual_seed(1)
-    sampler = CategoricalSampler()
+    sampler = CategoricalSampler(block=64)  # 313 blocks: the tail spans both levels of the search
     draws = torch.cat([sampler(logits.expand(500, -1), gen) for _ in range(10)])
     hits = int((draws > 0).sum())
     expected = draws.numel() * tail_mass
@@ -47,6 +47,41 @@ def test_sampler_long_tail_mass():
     # Every tail token is equally likely: the hits spread over the tail (no bias toward its start or end).
     tail_draws = draws[draws > 0].double()
     assert abs(tail_draws.mean().item() - (tail + 1) / 2) < 5 * tail / math.sqrt(12 * hits)
+
+
+@pytest.mark.parametrize("block", [1, 3, 4, 1024])
+def test_two_level_search_picks_the_flat_inverse_cdf_token(block):
+    # The same uniform draw must select the same token as a flat float64 inverse CDF over the whole row, with
+    # the vocabulary not a multiple of the block, whole blocks of -inf and masked tokens at block edges.
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(600, 11, generator=gen) * 3
+    scores[:200, 4:8] = float("-inf")
+    scores[200:400, ::3] = float("-inf")
+    scores[400:, :-1] = float("-inf")  # only the last (padded-block) token is possible
+    sampler = CategoricalSampler(block=block)
+    seed = torch.Generator().manual_seed(7)
+    ids = torch.cat([sampler(scores, seed) for _ in range(3)])
+    replay = torch.Generator().manual_seed(7)
+    e = torch.exp(scores - scores.amax(1, keepdim=True)).double()
+    cdf = e.cumsum(1)
+    flat = []
+    for _ in range(3):
+        u = (1.0 - torch.rand(600, 1, dtype=torch.float64, generator=replay)) * cdf[:, -1:]
+        flat.append(torch.searchsorted(cdf, u).squeeze(1))
+    flat = torch.cat(flat)
+    assert bool(torch.isfinite(scores.repeat(3, 1).gather(1, ids[:, None])).all()), "a -inf token was drawn"
+    assert (ids != flat).sum().item() == 0, (ids != flat).nonzero()[:5]
+
+
+def test_sampler_with_small_blocks_matches_softmax():
+    logits = torch.tensor([1.0, float("-inf"), -0.5, 2.0, float("-inf"), 0.0, -1.0])
+    probs = torch.softmax(logits, 0)
+    gen = torch.Generator().manual_seed(4)
+    sampler = CategoricalSampler(block=2)
+    draws = torch.cat([sampler(logits.expand(20000, -1), gen) for _ in range(5)])
+    _assert_frequencies(draws, probs)
+    with pytest.raises(ValueError, match="block must be a positive int, got 0"):
+        CategoricalSampler(block=0)
 
 
 def test_sampler_rejects_nan_rows_and_all_masked_rows():
@@ -94,3 +129,66 @@ def test_hf_engine_samples_the_warped_policy(tiny_model_dir, temperature, top_k,
     assert batch.sequences.shape == (4000, 5)
     assert model.generation_config.repetition_penalty == 5.0  # restored
     _assert_frequencies(batch.sequences[:, -1], probs.float())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_tall_lm_head_matches_the_linear_head_and_is_restored(bias):
+    from torch import nn
+
+    from lit_entropy.rollout.hf import TALL_HEAD_MAX_ROWS, tall_lm_head
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(16, 300, bias=bias)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    policy = Policy()
+    gen = torch.Generator().manual_seed(0)
+    small = torch.randn(3, 1, 16, generator=gen)  # the decode step's [rows, 1, H]
+    large = torch.randn(TALL_HEAD_MAX_ROWS + 1, 16, generator=gen)
+    reference = [small @ policy.head.weight.T, large @ policy.head.weight.T]
+    if bias:
+        reference = [r + policy.head.bias for r in reference]
+    calls = []
+    mm = torch.mm
+    with tall_lm_head(policy):
+        assert "forward" in vars(policy.head)
+        torch.mm = lambda *a, **k: calls.append(a[0].shape) or mm(*a, **k)
+        try:
+            out_small, out_large = policy.head(small), policy.head(large)
+        finally:
+            torch.mm = mm
+    assert calls == [(300, 16)]  # only the small batch took the tall product
+    assert out_small.shape == (3, 1, 300) and out_small.is_contiguous()
+    torch.testing.assert_close(out_small, reference[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_large, reference[1], rtol=1e-5, atol=1e-6)
+    assert "forward" not in vars(policy.head)  # the module's own forward is back
+
+
+def test_hf_engine_with_tall_head_draws_the_same_tokens(tiny_model_dir, monkeypatch):
+    # Same seed with and without the tall product: the logits differ only by float32 rounding, so the sampled
+    # tokens (a few hundred draws) are the same.
+    from transformers import AutoModelForCausalLM
+
+    import lit_entropy.rollout.hf as hf
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    engine = HFRolloutEngine(eos_token_id=1, pad_token_id=0)
+    sampling = SamplingConfig(num_samples=16, temperature=1.0, max_new_tokens=12)
+    weight_shape = model.get_output_embeddings().weight.shape
+    runs, tall_calls = [], []
+    mm = torch.mm
+    for limit in (hf.TALL_HEAD_MAX_ROWS, 0):
+        monkeypatch.setattr(hf, "TALL_HEAD_MAX_ROWS", limit)
+        calls = []
+        monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append(a[0].shape == weight_shape) or mm(*a, **k))
+        torch.manual_seed(5)
+        runs.append(engine.generate(model, prompt, torch.ones_like(prompt), sampling).sequences)
+        monkeypatch.setattr(torch, "mm", mm)
+        tall_calls.append(sum(calls))
+    assert tall_calls[0] >= sampling.max_new_tokens - 1 and tall_calls[1] == 0
+    assert torch.equal(runs[0], runs[1])

@@ -1,10 +1,18 @@
-"""Exact categorical sampling from logits by inverse CDF (one ``exp`` pass, a float64 running sum, a binary search).
+"""Exact categorical sampling from logits by a two-level inverse CDF (one ``exp`` pass, block sums, one search).
 
 ``torch.multinomial`` costs ~0.2 s per call on one CPU core for 32 rows over Qwen2.5's 151,936-token vocabulary
-(measured: ``softmax`` + ``multinomial`` 0.22 s against 0.045 s here), i.e. about half of HF ``generate``'s time
-per decode step at that vocabulary. Here a row's unnormalised probabilities ``e = exp(z - max z)`` are summed in
-float64 (a float32 running sum near the total resolves only 6e-8, which would round the share of every token
-below that), and one uniform draw ``u`` per row picks the first index whose running sum reaches ``u * total``.
+(measured: ``softmax`` + ``multinomial`` 0.22 s), about half of HF ``generate``'s time per decode step at that
+vocabulary. Here a row's unnormalised probabilities ``e = exp(z - max z)`` are summed per block of
+:data:`SAMPLER_BLOCK` tokens; one uniform draw ``u`` per row first picks the block whose running block sum
+reaches ``u * total`` (a float64 cumulative sum over the ~150 block sums), then, inside that block only, the
+first token whose float64 running sum reaches the remainder. That is the same token a flat inverse CDF over
+the whole row picks (the same order of tokens, the same ``u``), without a float64 running sum over all ``V``
+entries, which cost more than the ``exp`` itself (measured, 32 x 151,936, 1 core: flat 0.041 s, two-level
+0.015 s per call).
+
+Precision: a float32 running sum near the total would resolve only 6e-8 and round the share of every token
+below that to zero; here no token's share is rounded away. The block sums are float32 (relative error ~1e-7
+per block, the same order as the float32 ``exp``), and inside a block the running sum is float64.
 """
 
 from __future__ import annotations
@@ -12,26 +20,41 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["CategoricalSampler", "sample_categorical"]
+__all__ = ["SAMPLER_BLOCK", "CategoricalSampler", "sample_categorical"]
+
+#: Tokens per block of the two-level search: ~150 blocks at Qwen2.5's vocabulary keep both levels small.
+SAMPLER_BLOCK = 1024
 
 
 class CategoricalSampler:
     """Draws one token per row of ``scores`` ``[rows, V]`` with probability ``softmax(scores)``.
 
-    Keeps its two ``[rows, V]`` work buffers (float32 exponentials, float64 running sums) between calls: a
-    decode loop samples the same shape at every step, and fresh vocabulary-sized temporaries per step fragment
-    the CPU heap.
+    Keeps its work buffers (float32 exponentials ``[rows, V]`` padded to whole blocks, the block sums) between
+    calls: a decode loop samples the same shape at every step, and fresh vocabulary-sized temporaries per step
+    fragment the CPU heap.
+
+    Args:
+        block: tokens per block of the two-level search (tests use small blocks to exercise the edges).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, block: int = SAMPLER_BLOCK) -> None:
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            raise ValueError(f"block must be a positive int, got {block!r}")
+        self.block = block
         self._exp: Tensor | None = None
-        self._cumsum: Tensor | None = None
+        self._sums: Tensor | None = None
+        self._cum: Tensor | None = None
 
-    def _buffers(self, scores: Tensor) -> tuple[Tensor, Tensor]:
-        if self._exp is None or self._exp.shape != scores.shape or self._exp.device != scores.device:
-            self._exp = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
-            self._cumsum = torch.empty(scores.shape, dtype=torch.float64, device=scores.device)
-        return self._exp, self._cumsum
+    def _buffers(self, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows, vocab = scores.shape
+        blocks = -(-vocab // self.block)
+        shape = (rows, blocks * self.block)
+        if self._exp is None or self._exp.shape != shape or self._exp.device != scores.device:
+            # The padding columns past V stay 0 forever: zero mass, never drawn.
+            self._exp = torch.zeros(shape, dtype=torch.float32, device=scores.device)
+            self._sums = torch.empty(rows, blocks, dtype=torch.float32, device=scores.device)
+            self._cum = torch.empty(rows, blocks, dtype=torch.float64, device=scores.device)
+        return self._exp, self._sums, self._cum
 
     def __call__(self, scores: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Token ids ``[rows]`` (int64) sampled from ``softmax(scores)``; ``-inf`` scores are never drawn.
@@ -41,19 +64,31 @@ class CategoricalSampler:
         """
         if scores.dim() != 2 or scores.shape[1] == 0:
             raise ValueError(f"scores must be [rows, V] with V > 0, got shape {tuple(scores.shape)}")
-        e, c = self._buffers(scores)
-        torch.sub(scores, scores.amax(dim=1, keepdim=True), out=e)  # <= 0: exp cannot overflow
-        e.exp_()
-        torch.cumsum(e, dim=1, dtype=torch.float64, out=c)
-        total = c[:, -1:]
+        rows, vocab = scores.shape
+        e, sums, cum = self._buffers(scores)
+        ev = e[:, :vocab]
+        torch.sub(scores, scores.amax(dim=1, keepdim=True), out=ev)  # <= 0: exp cannot overflow
+        ev.exp_()
+        torch.sum(e.view(rows, -1, self.block), dim=2, out=sums)
+        torch.cumsum(sums, dim=1, dtype=torch.float64, out=cum)
+        total = cum[:, -1:]
         if not bool(torch.isfinite(total).all() and (total > 0).all()):
             bad = (~(torch.isfinite(total) & (total > 0))).squeeze(1).nonzero().flatten().tolist()
             raise ValueError(f"cannot sample: rows {bad} have NaN/+inf scores or no finite score")
-        # 1 - U lies in (0, 1]: u > 0 can never select a leading zero-probability token, and u <= total
-        # always finds an index (the first one whose running sum reaches u, which has probability > 0).
-        u = torch.rand(scores.shape[0], 1, dtype=torch.float64, device=scores.device, generator=generator)
+        # 1 - U lies in (0, 1]: the first block whose running sum reaches u has positive mass, and the
+        # remainder r = u - (running sum before it) lies in (0, that block's sum].
+        u = torch.rand(rows, 1, dtype=torch.float64, device=scores.device, generator=generator)
         u = (1.0 - u).mul_(total)
-        return torch.searchsorted(c, u).squeeze(1).clamp_(max=scores.shape[1] - 1)
+        j = torch.searchsorted(cum, u).clamp_(max=cum.shape[1] - 1)
+        before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_(min=0)), 0.0)
+        offsets = j * self.block
+        inner = torch.cumsum(e.gather(1, offsets + torch.arange(self.block, device=e.device)), 1, dtype=torch.float64)
+        # Map the remainder onto the inner float64 running sum (whose end differs from the float32 block sum
+        # by rounding), so every token of the block keeps exactly its share e_k / (block sum).
+        inner_total = inner[:, -1:]
+        r = (u - before).mul_(inner_total / sums.gather(1, j).double()).clamp_(max=inner_total)
+        k = torch.searchsorted(inner, r).clamp_(max=self.block - 1)
+        return (offsets + k).squeeze(1)
 
 
 def sample_categorical(scores: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -10,7 +13,12 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from lit_entropy.functional.sampling import CategoricalSampler
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids
 
-__all__ = ["HFRolloutEngine", "SampledOneHot", "sampling_processors"]
+__all__ = ["HFRolloutEngine", "SampledOneHot", "sampling_processors", "tall_lm_head"]
+
+#: Rows (decode batch) up to which :func:`tall_lm_head` computes the CPU LM head as ``W @ h.T``. Measured, float32
+#: 256 -> 151,936, 2 threads: 8 rows 62 -> 21 ms, 32 rows 88 -> 61 ms (transposed copy included), 64 rows
+#: 156 -> 140 ms; at 256 rows the usual ``h @ W.T`` is faster (435 vs 522 ms).
+TALL_HEAD_MAX_ROWS = 64
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -48,16 +56,17 @@ class HFRolloutEngine(RolloutEngine):
         try:
             # Greedy decoding over scores that the last processor has made one-hot at a sampled token: exact
             # sampling at ~5x less CPU than HF's softmax + torch.multinomial (see lit_entropy.functional.sampling).
-            output = policy.generate(
-                input_ids=input_ids.repeat_interleave(sampling.num_samples, dim=0),
-                attention_mask=prompt_mask,
-                do_sample=False,
-                logits_processor=sampling_processors(sampling),
-                max_new_tokens=sampling.max_new_tokens,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                use_cache=True,
-            )
+            with tall_lm_head(policy):
+                output = policy.generate(
+                    input_ids=input_ids.repeat_interleave(sampling.num_samples, dim=0),
+                    attention_mask=prompt_mask,
+                    do_sample=False,
+                    logits_processor=sampling_processors(sampling),
+                    max_new_tokens=sampling.max_new_tokens,
+                    eos_token_id=self.eos_token_id,
+                    pad_token_id=self.pad_token_id,
+                    use_cache=True,
+                )
         finally:
             policy.generation_config = saved
             policy.train(was_training)
@@ -90,3 +99,42 @@ def sampling_processors(sampling: SamplingConfig) -> LogitsProcessorList:
     if sampling.top_p < 1.0:
         processors.append(TopPLogitsWarper(sampling.top_p))
     return LogitsProcessorList([*processors, SampledOneHot()])
+
+
+@contextmanager
+def tall_lm_head(policy: nn.Module) -> Iterator[None]:
+    """Within the block, a float32 CPU ``nn.Linear`` LM head computes small batches as ``(W @ h.T).T``.
+
+    A decode step multiplies a few rows by the whole ``[V, H]`` head; CPU BLAS runs that shape faster with the
+    vocabulary as the long side (see :data:`TALL_HEAD_MAX_ROWS`). The result is copied to the usual contiguous
+    ``[..., V]`` layout; the values are the same products summed in another order (float32 rounding). Other
+    heads (bias-free or not), devices, dtypes and sharded (DTensor) weights are left untouched.
+    """
+    get_head = getattr(policy, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    weight = getattr(head, "weight", None)
+    if (
+        not isinstance(head, nn.Linear)
+        or weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or type(weight.data) is not Tensor  # a DTensor (FSDP2) shard: keep the sharded module's own forward
+    ):
+        yield
+        return
+    linear = head.forward
+
+    def forward(hidden: Tensor) -> Tensor:
+        rows = hidden.numel() // hidden.shape[-1]
+        if rows > TALL_HEAD_MAX_ROWS or hidden.dtype != torch.float32:
+            return linear(hidden)
+        flat = hidden.reshape(rows, hidden.shape[-1])
+        tall = torch.mm(head.weight, flat.T)  # [V, rows]
+        if head.bias is not None:
+            tall += head.bias.unsqueeze(1)
+        return tall.T.contiguous().view(*hidden.shape[:-1], -1)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward

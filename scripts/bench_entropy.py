@@ -13,7 +13,10 @@ VmHWM - baseline, reported as a fraction of one float32 logits tensor ``[rows, v
   full logits ``h @ W.T``, then today's chunked ``entropy_stats``; (c) ``fused``: ``linear_entropy_stats``
   (logits never materialised); (d) ``trl``: full logits, then TRL's ``selective_log_softmax_and_entropy``
   (chunked log-softmax / entropy; skipped with a message when ``trl`` is not importable, e.g. run with
-  ``PYTHONPATH=<dir with trl and accelerate>``; TRL computes no E_p[S]). With ``--backward`` the loss
+  ``PYTHONPATH=<dir with trl and accelerate>``; TRL computes no E_p[S]); (e) ``matmuls``: only the head-sized
+  matmuls that a path keeping the logits must do (logits; with ``--backward`` also the hidden-state and weight
+  gradients), no softmax work: the time floor. A path that never keeps the logits recomputes them in the
+  backward, so its floor is 4/3 of this one (printed). With ``--backward`` the loss
   ``sum log p_k + 0.01 sum H`` is differentiated w.r.t. the hidden states AND the weight; the column
   "excl. W grad" subtracts one weight-gradient-sized tensor ``[V, H]`` float32 that every variant needs.
 
@@ -35,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-HEAD_VARIANTS = ("naive", "chunked", "fused", "trl")
+HEAD_VARIANTS = ("naive", "chunked", "fused", "trl", "matmuls")
 LOSS_ENTROPY_WEIGHT = 0.01
 
 
@@ -105,6 +108,13 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
             return out
 
         return fused
+    if variant == "matmuls":
+
+        def matmuls():
+            z = hidden.detach() @ weight.detach().T  # stands in for the logits and for their gradient
+            return (z @ weight.detach(), z.T @ hidden.detach()) if backward else z
+
+        return matmuls
     if variant == "trl":
         from trl.trainer.utils import selective_log_softmax_and_entropy
 
@@ -283,6 +293,13 @@ def _head_mode(args, ctx) -> None:
             print(
                 f"{variant:>8} {res['time_s']:>8.2f} {res['cpu_s']:>8.2f} {rel_w:>13} {rel_c:>12} "
                 f"{extra / mb:>9.1f} {extra / size:>13.3f} {(extra - res['weight_grad_bytes']) / size:>20.3f}"
+            )
+        floor = measured.get("matmuls")
+        if floor and args.backward:
+            print(
+                f"matmul floor (cpu s): {floor['cpu_s']:.2f} for the 3 matmuls of a path that keeps the logits, "
+                f"{4 / 3 * floor['cpu_s']:.2f} for the 4 of one that recomputes them"
+                + (f" ({4 / 3 * floor['cpu_s'] / ref['cpu_s']:.3f}x chunked)" if ref else "")
             )
         fused = measured.get("fused")
         if fused and ref:

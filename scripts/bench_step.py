@@ -838,7 +838,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=3, help="steps dropped at the start of every run")
-    p.add_argument("--variants", nargs="+", default=list(LIT_VARIANTS), choices=list(LIT_VARIANTS))
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(LIT_VARIANTS),
+        choices=list(LIT_VARIANTS) + ["grpo_unfused"],
+        help="lit_entropy variants; grpo_unfused = grpo with model.policy.fused_lm_head=false",
+    )
     p.add_argument("--skip-trl", action="store_true", help="do not run TRL's GRPOTrainer")
     p.add_argument("--sequential", action="store_true", help="run one variant after another, not interleaved")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the same for every run)")
@@ -926,7 +932,10 @@ def main_interleaved(args: argparse.Namespace, reward_fn: str | None = None) -> 
             if name == "trl":
                 runs[name], jobs[name] = prepare_trl(settings, args.steps, args.warmup, baton, stack)
             else:
-                runs[name], jobs[name] = prepare_lit_entropy(name, settings, args.steps, args.warmup, baton, stack)
+                config, extra = REALISTIC_SIDES[name]
+                run, jobs[name] = prepare_lit_entropy(config, settings, args.steps, args.warmup, baton, stack, extra)
+                run.name = name
+                runs[name] = run
         try:
             _run_all(jobs, baton, args.threads)
         except BaseException:

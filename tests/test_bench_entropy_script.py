@@ -34,6 +34,11 @@ def test_head_variants_agree_on_values_and_gradients(bench) -> None:
     for variant in ("chunked", "fused"):
         for got, want in zip(results[variant], results["naive"], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # The matmul floor does the head's three products: logits, then logits-shaped @ W and its transpose @ h.
+    grad_h, grad_w = bench._head_variant("matmuls", hidden0, weight0, ids, True, 4, 7)()
+    z = hidden0.double() @ weight0.double().T
+    torch.testing.assert_close(grad_h.double(), z @ weight0.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_w.double(), z.T @ hidden0.double(), rtol=1e-5, atol=1e-5)
 
 
 def test_tiny_head_run_prints_the_table(bench, capsys, monkeypatch) -> None:
@@ -41,8 +46,9 @@ def test_tiny_head_run_prints_the_table(bench, capsys, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     bench.main(
         ["--head", "--rows", "8", "--vocab", "50", "--hidden", "4", "--repeats", "1", "--backward"]
-        + ["--variants", "chunked", "fused"]
+        + ["--variants", "chunked", "fused", "matmuls"]
     )
     out = capsys.readouterr().out
+    assert "matmul floor (cpu s): " in out and "x chunked)" in out
     assert "rows=8: one float32 logits tensor" in out
     assert "   fused " in out and " chunked " in out and "targets (fused" in out

@@ -185,7 +185,8 @@ def test_hf_engine_with_tall_head_draws_the_same_tokens(tiny_model_dir, monkeypa
     for limit in (hf.TALL_HEAD_MAX_ROWS, 0):
         monkeypatch.setattr(hf, "TALL_HEAD_MAX_ROWS", limit)
         calls = []
-        monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append(a[0].shape == weight_shape) or mm(*a, **k))
+        spy = lambda *a, _calls=calls, **k: _calls.append(a[0].shape == weight_shape) or mm(*a, **k)  # noqa: E731
+        monkeypatch.setattr(torch, "mm", spy)
         torch.manual_seed(5)
         runs.append(engine.generate(model, prompt, torch.ones_like(prompt), sampling).sequences)
         monkeypatch.setattr(torch, "mm", mm)

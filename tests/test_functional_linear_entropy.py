@@ -84,6 +84,30 @@ def test_one_output_used_and_policy_average_off(pick) -> None:
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
 
 
+def test_rows_without_gradient_are_skipped_in_backward(monkeypatch) -> None:
+    import lit_entropy.functional.linear_entropy as le
+
+    h, w, b, ids = _inputs(13, 29, 5, bias=True, seed=5)
+    w_lp, w_h = _loss_weights(13)
+    idle = [0, 3, 4, 12]  # e.g. loss-masked tokens or a zero-advantage group: no gradient at all
+    w_lp[idle] = 0.0
+    w_h[idle] = 0.0
+    w_h[5] = 0.0  # a log-prob gradient only: still a row of the backward
+    w_lp[6] = 0.0  # an entropy gradient only: idem
+    seen = []
+    kernel = le._backward_kernel
+    monkeypatch.setattr(le, "_backward_kernel", lambda hidden, *a: seen.append(hidden.shape[0]) or kernel(hidden, *a))
+    for weights, rows in (((w_lp, w_h), 9), ((w_lp * 0, w_h * 0), 0)):
+        out = linear_entropy_stats(h, w, ids, bias=b, temperature=0.8, chunk_size=4, vocab_chunk_size=8)
+        ref = reference(h, w, ids, b, 0.8)
+        got = _grads((weights[0] * out.logprobs + weights[1] * out.entropy).sum(), (h, w, b))
+        want = _grads((weights[0] * ref[0] + weights[1] * ref[1]).sum(), (h, w, b))
+        assert seen.pop() == rows
+        for g, r in zip(got, want, strict=True):
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+        assert bool((got[0][idle] == 0).all())
+
+
 def test_float32_matches_float64_reference() -> None:
     h, w, b, ids = _inputs(70, 300, 16, dtype=torch.float32, bias=True, seed=5, scale=0.7)
     out = linear_entropy_stats(

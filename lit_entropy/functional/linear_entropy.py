@@ -13,6 +13,9 @@ the logits gradient ``g = p (a log p + b)`` (``a = -dL/dH / T``, ``b = a H - dL/
 block and immediately multiplies it into the hidden-state and weight gradients; the sampled token's
 ``e_k`` term is added separately (a gather and an ``index_add``), so no scatter runs per block.
 
+Rows whose log-prob and entropy both get a zero gradient (loss-masked tokens, groups whose advantages are all
+zero) add nothing to any gradient, so the backward runs over the other rows only.
+
 Loop order is vocabulary-outer, rows-inner: each weight chunk's gradient is finished (summed over all
 rows in a small float32 accumulator) and written once, so a bf16 weight needs no ``[V, H]`` float32
 accumulator; the hidden-state gradient ``[N, H]`` (tiny next to ``[N, V]``) accumulates across chunks.
@@ -385,6 +388,21 @@ class _TokenTerms:
                 gb.index_add_(0, local, self.c_sorted[lo:hi])
 
 
+def _active_rows(grad_logp: Tensor | None, grad_h: Tensor | None) -> Tensor | None:
+    """Indices of the rows whose log-prob or entropy has a nonzero (or NaN) gradient; None when every row has one.
+
+    One host sync per backward.
+    """
+    nonzero = None
+    for grad in (grad_logp, grad_h):
+        if grad is not None:
+            row = grad.reshape(-1) != 0
+            nonzero = row if nonzero is None else nonzero | row
+    if bool(nonzero.all()):
+        return None
+    return nonzero.nonzero().squeeze(1)
+
+
 class _LinearEntropyStatsFn(torch.autograd.Function):
     """Fused LM head + softmax statistics; the backward recomputes each logits block once."""
 
@@ -406,9 +424,20 @@ class _LinearEntropyStatsFn(torch.autograd.Function):
         if not any(needs) or (grad_logp is None and grad_h is None):
             return None, None, None, None, None, None, None, None
         hidden, weight, bias, ids, shift, h = ctx.saved_tensors
-        gh, gw, gb = _backward_kernel(
-            hidden, weight, bias, ids, shift, h, grad_logp, grad_h, ctx.inv_t, ctx.rows, ctx.cols, needs
-        )
+        active = _active_rows(grad_logp, grad_h)
+        if active is None:
+            gh, gw, gb = _backward_kernel(
+                hidden, weight, bias, ids, shift, h, grad_logp, grad_h, ctx.inv_t, ctx.rows, ctx.cols, needs
+            )
+            return gh, gw, gb, None, None, None, None, None
+        # Rows whose outputs get no gradient (loss-masked tokens, zero-advantage groups) add exactly zero to every
+        # gradient: the backward's three head-sized matmuls run over the other rows only.
+        pick = lambda t: None if t is None else t.reshape(-1)[active]  # noqa: E731
+        gh_active, gw, gb = _backward_kernel(
+            hidden[active], weight, bias, ids[active], shift[active], h[active], pick(grad_logp), pick(grad_h),
+            ctx.inv_t, ctx.rows, ctx.cols, needs,
+        )  # fmt: skip
+        gh = None if gh_active is None else hidden.new_zeros(hidden.shape).index_copy_(0, active, gh_active)
         return gh, gw, gb, None, None, None, None, None
 
 

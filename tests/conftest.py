@@ -6,6 +6,15 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Every test ends with the thread count it started with: scripts' ``main`` and Lightning's CPU strategies call
+    ``torch.set_num_threads``, and BLAS results (hence bit-exact resume comparisons) depend on the thread count."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def build_tiny_model_dir(path, *, hidden_size: int = 32, layers: int = 1, head_dim: int = 16, seed: int = 0):
     """Save a random tiny Qwen2 causal LM plus the arithmetic char tokenizer into ``path``."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM

@@ -509,8 +509,12 @@ def format_table(summary: dict[str, dict[str, float]]) -> str:
             )
             + " |"
         )
-    cis = [(n, b, row.get(f"overhead_vs_{b}")) for n, row in summary.items() for b in ("grpo", "trl")]
-    cis = [c for c in cis if c[2] is not None]
+    cis = [
+        (n, b, row[f"overhead_vs_{b}"])
+        for n, row in summary.items()
+        for b in ("grpo", "trl")
+        if f"overhead_vs_{b}" in row
+    ]
     if cis:
         lines += ["", "| variant | over | paired per-step overhead, mean [95% t CI] |", "|---|---|---|"]
         for name, base, o in cis:

@@ -101,7 +101,10 @@ def _report_vocabulary_path(policy: nn.Module, fused: bool) -> None:
     from lit_entropy.step.forward import uses_fused_head
 
     if fused and uses_fused_head(policy):
-        path = "fused (hidden states x LM head in blocks, no [tokens, vocab] logits)"
+        path = (
+            "fused (hidden states x LM head in blocks, no [tokens, vocab] logits; "
+            "separate update forwards form the gradient inside the pass)"
+        )
     elif fused:
         path = "unfused (full response logits): the LM head is not a plain linear layer"
     else:

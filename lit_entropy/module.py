@@ -47,8 +47,8 @@ from lit_entropy.step import (
     global_loss_normalizer,
     response_forward,
     row_slices,
+    rows_update_loss,
     single_update,
-    update_loss,
     updates_per_batch,
     value_estimates,
 )
@@ -287,10 +287,11 @@ class RFTModule(LightningModule):
 
     def minibatch_loss(self, rows: Experience, normalizer: float, forward: ResponseForward | None) -> UpdateLoss:
         """The :class:`~lit_entropy.step.UpdateLoss` of some rows (``forward``: already computed for exactly them)."""
-        if forward is None:
-            forward = self.policy_forward(self.policy, rows.rollout, hidden=self.wants_hidden)
-        values = None if self.value_head is None else self.values(rows.rollout, forward.hidden)
-        out = update_loss(forward, rows, self.settings, normalizer=normalizer, values=values)
+        values_of = None if self.value_head is None else self.values
+        out = rows_update_loss(
+            self.policy, rows, self.settings, normalizer=normalizer, forward=forward, values_of=values_of,
+            hidden=self.wants_hidden,
+        )  # fmt: skip
         self.dashboard.clip.update(out.ratio, rows.advantages, rows.loss_mask)
         return out
 

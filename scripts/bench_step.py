@@ -50,6 +50,10 @@ variant's mean per-cycle overhead over GRPO with a 95% t interval (peak RSS is n
 
     python scripts/bench_step.py --realistic --interleaved --variants grpo clip_v clip_b --warmup 1 --steps 8 \
         --threads 2
+
+One process's steps are not independent (its per-step interval understates how much a fresh process differs),
+so ``--runs R`` repeats the interleaved run in R fresh processes on the same model and adds each variant's mean
+overhead over the runs with a t interval over the runs.
 """
 
 from __future__ import annotations
@@ -865,12 +869,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="--realistic: the lit_entropy --variants in one process, interleaved step by step (paired overheads)",
     )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="--realistic --interleaved: independent runs, each in a fresh process, with an across-run interval",
+    )
     p.add_argument("--sides", nargs="+", default=list(REALISTIC_SIDES), choices=list(REALISTIC_SIDES))
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
     p.add_argument("--worker", default=None, choices=list(REALISTIC_SIDES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("steps", "threads", "rounds"):
+    for name in ("steps", "threads", "rounds", "runs"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -899,9 +909,53 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 args.model_dir = str(
                     build_realistic_model(Path(tmp) / "model", vocab_size=args.vocab_size, hidden_size=args.hidden_size)
                 )
+            if args.runs > 1:
+                return main_interleaved_runs(args, Path(tmp))
             args.skip_trl = True
             return main_interleaved(args, reward_fn="bench_step:hashed_coin_reward")
     return main_interleaved(args)
+
+
+def summarize_runs(summaries: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Across independent interleaved runs: per variant, each run's mean per-step overhead over GRPO, their mean
+    and a 95% t interval over runs (the runs are independent; one run's steps are not)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in summaries[0]:
+        if "overhead_vs_grpo" not in summaries[0][name]:
+            continue
+        per_run = [summary[name]["overhead_vs_grpo"]["mean"] for summary in summaries]
+        mean, low, high = t_interval(per_run)
+        out[name] = {"runs": per_run, "mean": mean, "ci_low": low, "ci_high": high}
+    return out
+
+
+def main_interleaved_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
+    """``--runs`` independent interleaved runs, each in a fresh process; print each run's and the across-run
+    overheads."""
+    summaries = []
+    for i in range(args.runs):
+        out = tmp / f"run{i}.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--realistic", "--interleaved"]
+        cmd += ["--variants", *args.variants, "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        cmd += ["--threads", str(args.threads), "--batch-size", str(args.batch_size), "--group-size"]
+        cmd += [str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--model-dir", args.model_dir]
+        cmd += ["--json", str(out)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"interleaved run {i} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        print(f"run {i + 1}/{args.runs}:\n{result.stdout.strip()}", flush=True)
+        summaries.append(json.loads(out.read_text())["summary"])
+    across = summarize_runs(summaries)
+    lines = ["", "| variant | per-run mean overhead over grpo | mean over runs [95% t CI over runs] |", "|---|---|---|"]
+    for name, row in across.items():
+        runs = ", ".join(f"{100 * v:+.1f}%" for v in row["runs"])
+        lines.append(
+            f"| {name} | {runs} | {100 * row['mean']:+.1f}% [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}] |"
+        )
+    print("\n".join(lines))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"runs": summaries, "across_runs": across}, indent=2))
+    return across
 
 
 def main_interleaved(args: argparse.Namespace, reward_fn: str | None = None) -> dict[str, dict[str, float]]:

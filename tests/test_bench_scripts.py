@@ -213,3 +213,33 @@ def test_realistic_interleaved_reports_paired_overheads(bench, capsys):
     o = summary["clip_v"]["overhead_vs_grpo"]
     assert o["ci_low"] <= o["mean"] <= o["ci_high"]
     assert "| clip_v | grpo | " in capsys.readouterr().out
+
+
+def test_summarize_runs_against_hand_computed_figures(bench):
+    def run(clip_v: float, clip_b: float) -> dict:
+        return {
+            "grpo": {"steps": 3},
+            "clip_v": {"overhead_vs_grpo": {"mean": clip_v, "ci_low": 0.0, "ci_high": 0.0}},
+            "clip_b": {"overhead_vs_grpo": {"mean": clip_b, "ci_low": 0.0, "ci_high": 0.0}},
+        }
+
+    across = bench.summarize_runs([run(0.01, -0.02), run(0.03, 0.0), run(0.05, 0.02)])
+    assert set(across) == {"clip_v", "clip_b"}
+    # mean 0.03, sample sd 0.02, t(0.975, 2) = 4.302653 (t table): half width 4.302653 * 0.02 / sqrt(3)
+    half = 4.302653 * 0.02 / 3**0.5
+    assert across["clip_v"]["runs"] == [0.01, 0.03, 0.05]
+    assert across["clip_v"]["mean"] == pytest.approx(0.03)
+    assert across["clip_v"]["ci_low"] == pytest.approx(0.03 - half, rel=1e-5)
+    assert across["clip_b"]["ci_high"] == pytest.approx(0.0 + half, rel=1e-5)
+    with pytest.raises(ValueError, match=">= 2 values"):
+        bench.summarize_runs([run(0.01, 0.0)])
+
+
+@pytest.mark.slow
+def test_realistic_interleaved_runs_repeat_in_fresh_processes(bench, capsys):
+    args = ["--realistic", "--interleaved", "--vocab-size", "300", "--hidden-size", "64", "--warmup", "1"]
+    args += ["--steps", "2", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "3", "--threads", "1"]
+    across = bench.main(args + ["--variants", "grpo", "clip_b", "--runs", "2"])
+    assert set(across) == {"clip_b"} and len(across["clip_b"]["runs"]) == 2
+    out = capsys.readouterr().out
+    assert "run 2/2:" in out and "| clip_b | " in out and "95% t CI over runs" in out

@@ -145,3 +145,55 @@ def test_fused_forward_skips_padding_and_matches_full_logits(tiny_model_dir, mon
         assert bool((got[~response_mask] == 0).all())
     for got, want in zip(fused_grads, full_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_fused_loss_path_matches_the_unfused_update_loss(tiny_model_dir, monkeypatch, loss_agg_mode):
+    """A separate update forward forms the head's gradient inside the vocabulary pass: its loss, logged terms and
+    every parameter gradient equal the full-logits path's (clipped ratios, KL, entropy bonus, token penalty on)."""
+    from transformers import AutoModelForCausalLM
+
+    import lit_entropy.step.forward as forward_mod
+    from lit_entropy.settings import PolicyConfig
+    from lit_entropy.step import rows_update_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    gen = torch.Generator().manual_seed(3)
+    n, prompt, width = 4, 3, 6
+    sequences = torch.randint(4, model.config.vocab_size, (n, prompt + width), generator=gen)
+    response_mask = torch.tensor([[t < length for t in range(width)] for length in (6, 2, 4, 5)])
+    attention_mask = torch.cat([torch.ones(n, prompt, dtype=torch.long), response_mask.long()], dim=1)
+    rollout = RolloutBatch(sequences=sequences, attention_mask=attention_mask, response_mask=response_mask)
+    with torch.no_grad():
+        current = forward_mod.response_forward(model, rollout, temperature=0.8, fused=False).stats.logprobs
+    # Old log-probs off by up to +-0.5 so that both ratio clips bind on some tokens.
+    old = current + torch.empty(n, width).uniform_(-0.5, 0.5, generator=gen)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5]).unsqueeze(1).expand(n, width).contiguous()
+    keep = response_mask & (torch.rand(n, width, generator=gen) > 0.2)
+    zeros = torch.zeros(n, width)
+    rows = Experience(
+        rollout, torch.zeros(n), adv, old, zeros, zeros, ref_logprobs=current - 0.3, loss_mask=keep,
+        penalty=torch.full((n, width), 0.05),
+    )  # fmt: skip
+    rows.coefficients = {"entropy_coef": 0.02}
+    loss = LossConfig(loss_agg_mode=loss_agg_mode, kl_coef=0.1, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    sampling = SamplingConfig(num_samples=2, max_new_tokens=width, temperature=0.8)
+    calls = []
+    real = forward_mod.linear_entropy_loss
+    monkeypatch.setattr(forward_mod, "linear_entropy_loss", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = {}
+    for fused in (True, False):
+        settings = RFTSettings.build(sampling=sampling, loss=loss, policy=PolicyConfig(fused_lm_head=fused))
+        model.zero_grad()
+        out = rows_update_loss(model, rows, settings, normalizer=float(keep.sum()))
+        out.loss.backward()
+        results[fused] = (out, [p.grad.clone() for p in model.parameters()])
+    assert calls == [1]
+    (fused_out, fused_grads), (full_out, full_grads) = results[True], results[False]
+    torch.testing.assert_close(fused_out.loss.detach(), full_out.loss.detach(), rtol=1e-5, atol=1e-6)
+    assert fused_out.terms.keys() == full_out.terms.keys() >= {"pg_loss", "kl", "entropy_bonus", "token_penalty"}
+    for key, value in fused_out.terms.items():
+        torch.testing.assert_close(value, full_out.terms[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused_out.ratio[keep], full_out.ratio[keep], rtol=1e-5, atol=1e-6)
+    for got, want in zip(fused_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

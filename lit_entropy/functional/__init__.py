@@ -28,6 +28,7 @@ from lit_entropy.functional.entropy import (
 )
 from lit_entropy.functional.kl import KL_KINDS, check_kl_type, kl_penalty
 from lit_entropy.functional.linear_entropy import linear_entropy_stats
+from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
 from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
 from lit_entropy.functional.policy_loss import (
@@ -78,6 +79,7 @@ __all__ = [
     "grpo_advantages",
     "kl_penalty",
     "kth_largest",
+    "linear_entropy_loss",
     "linear_entropy_stats",
     "local_top_scores",
     "masked_mean",

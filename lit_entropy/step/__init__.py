@@ -12,7 +12,7 @@ from lit_entropy.step.experience import (
     truncated_is_weights,
 )
 from lit_entropy.step.forward import ResponseForward, response_forward, response_logits, value_estimates
-from lit_entropy.step.loss import UpdateLoss, global_loss_normalizer, update_loss
+from lit_entropy.step.loss import UpdateLoss, global_loss_normalizer, rows_update_loss, update_loss
 from lit_entropy.step.schedule import (
     build_optimizer,
     clip_grad_norm_and_agree,
@@ -37,6 +37,7 @@ __all__ = [
     "response_forward",
     "response_logits",
     "row_slices",
+    "rows_update_loss",
     "single_update",
     "truncated_is_weights",
     "update_loss",

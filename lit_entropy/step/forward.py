@@ -6,6 +6,7 @@ A rollout row is ``prompt (left-padded to P) + response (T tokens)``; the logits
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,10 +14,18 @@ from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import EntropyStats, entropy_stats
 from lit_entropy.functional.linear_entropy import linear_entropy_stats
+from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 from lit_entropy.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
 
-__all__ = ["ResponseForward", "response_forward", "response_logits", "uses_fused_head", "value_estimates"]
+__all__ = [
+    "ResponseForward",
+    "fused_response_loss",
+    "response_forward",
+    "response_logits",
+    "uses_fused_head",
+    "value_estimates",
+]
 
 
 def uses_fused_head(model: nn.Module) -> bool:
@@ -104,6 +113,42 @@ def response_forward(
         logits, responses, temperature=temperature, chunk_size=chunk_size, policy_average=policy_average
     )
     return ResponseForward(stats=stats, hidden=states)
+
+
+def fused_response_loss(
+    model: nn.Module, rollout: RolloutBatch, loss_of: Callable[[EntropyStats], Tensor], *, temperature: float
+) -> tuple[Tensor, ResponseForward]:
+    """``loss_of(stats)`` of the sampled response tokens, its gradient formed inside the vocabulary pass.
+
+    For a separate update forward the loss is known before the pass, so
+    :func:`~lit_entropy.functional.linear_entropy_loss` multiplies each logits block's gradient into the
+    hidden-state and LM-head gradients while the block is at hand: three head-sized matmuls instead of the four of
+    :func:`response_forward` + backward (which must recompute the logits). Requires :func:`uses_fused_head`.
+
+    Args:
+        model: a Hugging Face causal LM with a plain linear head.
+        rollout: the rows.
+        loss_of: maps per-token statistics (``logprobs`` and ``entropy`` ``[n, T]``, 0 off the response mask) to a
+            scalar that is a sum of per-token terms (every loss of :func:`~lit_entropy.step.update_loss` is); it is
+            called once per row chunk of the pass.
+        temperature: the sampling temperature.
+
+    Returns:
+        ``(loss, forward)``: the loss (differentiable w.r.t. the model) and the forward with detached statistics and
+        the hidden states ``[n, T, H]`` (with graph, for a value head).
+    """
+    responses, mask = rollout.responses, rollout.response_mask
+    states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
+    weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
+
+    def token_loss(logprobs: Tensor, entropy: Tensor) -> Tensor:
+        return loss_of(EntropyStats(_unpack(logprobs, mask), _unpack(entropy, mask), None, None))
+
+    loss, packed = linear_entropy_loss(
+        states[mask], weight, responses[mask], token_loss, bias=bias, temperature=temperature
+    )
+    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in packed))
+    return loss, ResponseForward(stats=stats, hidden=states)
 
 
 def _unpack(values: Tensor, mask: Tensor) -> Tensor:

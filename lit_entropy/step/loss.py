@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_entropy.collectives import all_reduce_sum, world_size
 from lit_entropy.functional.kl import kl_penalty
@@ -16,11 +17,12 @@ from lit_entropy.functional.policy_loss import (
     policy_loss,
     value_loss,
 )
+from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.experience import Experience
-from lit_entropy.step.forward import ResponseForward
+from lit_entropy.step.forward import ResponseForward, fused_response_loss, response_forward, uses_fused_head
 
-__all__ = ["UpdateLoss", "global_loss_normalizer", "update_loss"]
+__all__ = ["UpdateLoss", "global_loss_normalizer", "rows_update_loss", "update_loss"]
 
 
 @dataclass
@@ -107,3 +109,48 @@ def update_loss(
         terms["value_clip_frac"] = v_clip
     log_ratio = (stats.logprobs.detach() - rows.old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return UpdateLoss(loss=loss, terms=terms, ratio=torch.exp(log_ratio))
+
+
+def rows_update_loss(
+    model: nn.Module,
+    rows: Experience,
+    settings: RFTSettings,
+    *,
+    normalizer: float,
+    forward: ResponseForward | None = None,
+    values_of: Callable[[RolloutBatch, Tensor | None], Tensor] | None = None,
+    hidden: bool = False,
+) -> UpdateLoss:
+    """:func:`update_loss` of ``rows`` under ``model``, running the policy's forward unless ``forward`` is given.
+
+    The model's own forward takes the fused loss path (:func:`~lit_entropy.step.forward.fused_response_loss`: the
+    gradient formed inside the vocabulary pass, one head-sized matmul fewer) when ``model.policy.fused_lm_head``
+    is on and the head is a plain linear layer; otherwise :func:`~lit_entropy.step.response_forward` + autograd.
+
+    Args:
+        model: the policy.
+        rows: the rows' experience.
+        settings: the run's settings.
+        normalizer: see :func:`update_loss`.
+        forward: the policy's forward over exactly these rows, already computed (the statistics pass's graph).
+        values_of: ``(rollout, policy hidden states) -> values [n, T]`` (PPO), else None.
+        hidden: the unfused forward must return hidden states (a value head on the policy).
+    """
+    options = settings.forward_options()
+    if forward is None and options["fused"] and uses_fused_head(model):
+        head_loss, forward = fused_response_loss(
+            model,
+            rows.rollout,
+            lambda stats: update_loss(ResponseForward(stats), rows, settings, normalizer=normalizer).loss,
+            temperature=options["temperature"],
+        )
+        values = None if values_of is None else values_of(rows.rollout, forward.hidden)
+        out = update_loss(forward, rows, settings, normalizer=normalizer, values=values)
+        # forward.stats are detached, so out.loss has the value term's graph only; head_loss (the same policy
+        # terms) carries the head's gradient. The sum keeps out.loss's value.
+        out.loss = out.loss + (head_loss - head_loss.detach())
+        return out
+    if forward is None:
+        forward = response_forward(model, rows.rollout, **options, hidden=hidden)
+    values = None if values_of is None else values_of(rows.rollout, forward.hidden)
+    return update_loss(forward, rows, settings, normalizer=normalizer, values=values)

@@ -33,12 +33,14 @@ with Qwen2.5's vocabulary of 151,936 tokens, hidden 256 (``--hidden-size``), hea
 and a WordLevel character tokenizer padded with filler tokens to cover the vocabulary. Its completions are
 random, so the reward is a deterministic coin per completion (:func:`hashed_coin_reward`) to keep the groups'
 advantages non-zero. Every side (``grpo``, ``clip_v``, ``clip_b``, ``grpo_unfused`` = ``grpo`` with
-``model.policy.fused_lm_head=false``, ``trl``) runs in its own process (peak RSS is per process), one after
-another in an order rotated each round (``--rounds``) so slow drifts of the machine's load cancel. Reported:
-median s/step after warm-up (wall and CPU), generated tokens/s, the phase split of lit_entropy's step
-(generation, statistics pass = the policy forward that the single update reuses, update = backward +
-optimizer, other), peak RSS, ratios against TRL and the per-round paired overheads of Clip_V and Clip_B over
-GRPO with a t confidence interval. Phase timers wrap the module's public phase methods from this script.
+``model.policy.fused_lm_head=false``, ``grpo_separate`` / ``grpo_separate_unfused`` = ``grpo`` / ``grpo_unfused``
+with ``model.update.fuse_old_logprob_pass=false``: a no-grad statistics pass and the update's own forward,
+``trl``) runs in its own process (peak RSS is per process), one after another in an order rotated each round
+(``--rounds``) so slow drifts of the machine's load cancel. Reported: median s/step after warm-up (wall and CPU),
+generated tokens/s, the phase split of lit_entropy's step (generation, statistics pass = the policy forward that
+the single update reuses, update = backward + optimizer, other), peak RSS, ratios against TRL and the per-round
+paired overheads of every other lit_entropy side over GRPO with a t confidence interval. Phase timers wrap the
+module's public phase methods from this script.
 
     python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
         --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
@@ -535,6 +537,13 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "clip_v": ("clip_v", ()),
     "clip_b": ("clip_b", ()),
     "grpo_unfused": ("grpo", ("--model.policy.fused_lm_head=false",)),
+    # A separate update forward (what PPO and several epochs / mini-batches run): the no-grad statistics pass, then
+    # the update's own forward, whose fused head forms the loss gradient inside the vocabulary pass.
+    "grpo_separate": ("grpo", ("--model.update.fuse_old_logprob_pass=false",)),
+    "grpo_separate_unfused": (
+        "grpo",
+        ("--model.update.fuse_old_logprob_pass=false", "--model.policy.fused_lm_head=false"),
+    ),
     "trl": ("trl", ()),
 }
 
@@ -701,8 +710,8 @@ def summarize_realistic(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, An
                 row["cpu_vs_trl"] = row["cpu_s_per_step"] / trl["cpu_s_per_step"]
                 row["rss_vs_trl"] = row["peak_rss_mib"] / trl["peak_rss_mib"]
     if "grpo" in sides:
-        for side in ("clip_v", "clip_b", "grpo_unfused"):
-            if side not in sides:
+        for side in sides:
+            if side in ("grpo", "trl"):
                 continue
             entry = {}
             for key, field_name in (("wall", "seconds"), ("cpu", "cpu_seconds")):
@@ -850,8 +859,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--variants",
         nargs="+",
         default=list(LIT_VARIANTS),
-        choices=list(LIT_VARIANTS) + ["grpo_unfused"],
-        help="lit_entropy variants; grpo_unfused = grpo with model.policy.fused_lm_head=false",
+        choices=list(LIT_VARIANTS) + [side for side in REALISTIC_SIDES if side not in LIT_VARIANTS and side != "trl"],
+        help="lit_entropy variants; grpo_unfused = grpo with model.policy.fused_lm_head=false; grpo_separate(_unfused)"
+        " = grpo (unfused) with model.update.fuse_old_logprob_pass=false",
     )
     p.add_argument("--skip-trl", action="store_true", help="do not run TRL's GRPOTrainer")
     p.add_argument("--sequential", action="store_true", help="run one variant after another, not interleaved")

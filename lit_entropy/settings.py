@@ -57,8 +57,8 @@ class PolicyConfig:
     """Rows per chunk of the unfused vocabulary pass (full logits); null = automatic."""
     fused_lm_head: bool = True
     """Compute log-probs, entropy and E_p[S] from the final hidden states and the LM head block by block, never
-    materialising ``[tokens, vocab]`` logits (forward and backward); a model whose head is not a plain linear
-    layer uses the unfused path automatically."""
+    materialising ``[tokens, vocab]`` logits (forward and backward; a separate update forward forms the loss
+    gradient inside the pass); a model whose head is not a plain linear layer uses the unfused path automatically."""
 
     def __post_init__(self) -> None:
         check_choice("model.policy.dtype", self.dtype, DTYPES)

@@ -236,6 +236,7 @@ class _AllocationRecorder(TorchDispatchMode):
         super().__init__()
         self.largest = 0
         self.total = 0
+        self.sizes: list[int] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -249,6 +250,7 @@ class _AllocationRecorder(TorchDispatchMode):
                 nbytes = o.untyped_storage().nbytes()
                 self.largest = max(self.largest, nbytes)
                 self.total += nbytes
+                self.sizes.append(nbytes)
         return out
 
 

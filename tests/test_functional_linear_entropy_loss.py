@@ -149,28 +149,13 @@ def test_no_grad_path_agrees_and_empty_input() -> None:
     assert torch.all(torch.autograd.grad(loss, w0)[0] == 0)
 
 
-class _SizeRecorder(_AllocationRecorder):
-    """Also keeps every allocation's size."""
-
-    def __init__(self):
-        super().__init__()
-        self.sizes: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        before = self.total
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.total > before:
-            self.sizes.append(self.total - before)
-        return out
-
-
 def test_memory_is_bounded_by_the_row_chunk_not_by_rows_times_vocab() -> None:
     # N x V = 120 x 960 logits; rows = 12 keep a [12, 960] buffer: every tensor created in the forward and the
     # backward is at most one of: that buffer, the weight gradient [V, H], per-row [N, H].
     n, vocab, hid, rows, cols = 120, 960, 4, 12, 240
     h, w, b, ids = _inputs(n, vocab, hid, dtype=torch.float32, bias=True, seed=3)
     bound = 4 * max(rows * vocab, vocab * hid, n * hid)
-    rec = _SizeRecorder()
+    rec = _AllocationRecorder()
     with rec:
         loss, _ = linear_entropy_loss(
             h, w, ids, lambda lp, ent: lp.sum() + ent.sum(), bias=b, chunk_size=rows, vocab_chunk_size=cols

@@ -90,6 +90,17 @@ def _block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, out: Tensor) -> Ten
     return torch.addmm(bc, hb, wc.T, out=out)
 
 
+def _scaled_block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, inv_t: float, x: Tensor, mm: Tensor | None) -> None:
+    """``x = (hb @ wc.T + bc) / T`` in the compute dtype; the matmul runs in the input dtype (into ``mm`` when that
+    is narrower than ``x``, as the model's own head rounds its logits)."""
+    if mm is None:
+        _block_logits(hb, wc, bc, out=x)
+        if inv_t != 1.0:
+            x.mul_(inv_t)
+    else:
+        torch.mul(_block_logits(hb, wc, bc, out=mm), inv_t, out=x)
+
+
 def _row_dot(a: Tensor, b: Tensor, tmp: Tensor, out: Tensor) -> Tensor:
     """``(a * b).sum(-1)`` of ``[r, c]`` blocks into ``out`` ``[r]``, using the reused buffer ``tmp``.
 
@@ -145,12 +156,7 @@ def _forward_kernel(
             r1 = min(r0 + rows, n)
             r, c = r1 - r0, v1 - v0
             x, e = buf.x[:r, :c], buf.e[:r, :c]
-            if buf.mm is None:
-                _block_logits(h[r0:r1], wc, bc, out=x)
-                if inv_t != 1.0:
-                    x.mul_(inv_t)
-            else:
-                torch.mul(_block_logits(h[r0:r1], wc, bc, out=buf.mm[:r, :c]), inv_t, out=x)
+            _scaled_block_logits(h[r0:r1], wc, bc, inv_t, x, None if buf.mm is None else buf.mm[:r, :c])
             vec = buf.vec[:, :r]
             _block_statistics(x, e, buf.t[:r, :c], vec, floor, want_average)
             sl = slice(r0, r1)

@@ -38,13 +38,13 @@ from torch import Tensor
 
 from lit_entropy.functional.entropy import _X_FLOOR, EntropyStats, _check_temperature
 from lit_entropy.functional.linear_entropy import (
-    _block_logits,
     _block_statistics,
     _check_inputs,
     _finish_statistics,
     _merge_block,
     _resolve_block,
     _row_coefficients,
+    _scaled_block_logits,
 )
 from lit_entropy.functional.masked import compute_dtype
 
@@ -110,12 +110,7 @@ def _chunk_statistics(hb, weight, bias, ids, inv_t, ws: _Workspace, want_average
         v1 = min(v0 + cols, vocab)
         x, c = ws.block(r, v0, v1), v1 - v0
         wc, bc = weight[v0:v1], None if bias is None else bias[v0:v1]
-        if ws.mm is None:
-            _block_logits(hb, wc, bc, out=x)
-            if inv_t != 1.0:
-                x.mul_(inv_t)
-        else:
-            torch.mul(_block_logits(hb, wc, bc, out=ws.mm[:r, :c]), inv_t, out=x)
+        _scaled_block_logits(hb, wc, bc, inv_t, x, None if ws.mm is None else ws.mm[:r, :c])
         _block_statistics(x, ws.e[:r, :c], ws.t[:r, :c], vec, floor, want_average)
         ws.block_max[k, :r] = vec[0]
         if k == 0:

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from lit_entropy import protocol
 from lit_entropy.assets import default_model_path
-from lit_entropy.dashboard import TrainDashboard, lightning_log_step, log_samples
 from lit_entropy.data.source import PromptSource
-from lit_entropy.evaluation import SampleEvaluator, dataset_classes
+from lit_entropy.reporting.dashboard import TrainDashboard, lightning_log_step, log_samples
+from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.rewards import check_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
@@ -120,12 +120,12 @@ class RFTModule(LightningModule):
         """Load the policy (and the frozen reference / critic when configured); idempotent."""
         if self.policy is not None:
             return
-        from lit_entropy.models import load_rft_models
+        from lit_entropy.models.loading import load_rft_models
 
         for name, model in vars(load_rft_models(self.settings, self.model_name_or_path)).items():
             setattr(self, name, model)  # policy, ref_model, critic, value_head
-        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed)
-            from lit_entropy.distributed import shard_models
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
+            from lit_entropy.distributed.fsdp2 import shard_models
 
             precision = str(self.trainer.precision) if self._trainer is not None else ""
             dtype = self.settings.policy.fsdp_param_dtype or ("bfloat16" if precision == "bf16-mixed" else None)
@@ -134,7 +134,7 @@ class RFTModule(LightningModule):
             self.strict_loading = self.ref_model is None
 
     def setup(self, stage: str) -> None:
-        from lit_entropy.models import check_context_length, load_tokenizer
+        from lit_entropy.models.loading import check_context_length, load_tokenizer
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
         data = self._trainer.datamodule if self._trainer is not None else None
@@ -160,8 +160,9 @@ class RFTModule(LightningModule):
 
     def configure_callbacks(self) -> list[Any]:
         """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; console lines when not a TTY."""
-        from lit_entropy.checkpointing import ResumableCheckpointing
-        from lit_entropy.reporting import ConsoleMetrics, HParamsSummary
+        from lit_entropy.checkpointing.callback import ResumableCheckpointing
+        from lit_entropy.reporting.console import ConsoleMetrics
+        from lit_entropy.reporting.hparams import HParamsSummary
 
         return [ResumableCheckpointing(), HParamsSummary(), ConsoleMetrics()]
 
@@ -316,8 +317,8 @@ class RFTModule(LightningModule):
     def log_step(
         self, batch: Batch, batch_idx: int, experience: Experience, completions: list[str], terms: dict[str, float]
     ) -> None:
-        """Scalars of the step (:class:`~lit_entropy.dashboard.TrainDashboard`), the progress bar, and (every few
-        steps) whole sample groups and the entropy histogram, at the step Lightning writes the scalars at."""
+        """Scalars of the step (:class:`~lit_entropy.reporting.TrainDashboard`), the progress bar, and (every few steps)
+        whole sample groups and the entropy histogram, at the step Lightning writes the scalars at."""
         self.dashboard.log_step(self, batch, experience, terms)
         every = self.settings.logging.log_samples_every_n_steps
         if every and batch_idx % every == 0 and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
@@ -394,7 +395,7 @@ class RFTModule(LightningModule):
         Default location: ``model.logging.export_dir``, else ``<log_dir>/hf_model``. Under FSDP2 every rank
         must call it (the full weights are gathered); rank 0 writes.
         """
-        from lit_entropy.export import export_module_policy
+        from lit_entropy.models.export import export_module_policy
 
         self.export_path = export_module_policy(self, path or self.settings.logging.export_dir, self._trainer)
         return self.export_path

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from make_tiny_model import build_qwen2, make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
+from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
@@ -40,6 +40,7 @@ from lit_entropy.data.forking import (
     make_forking_examples,
     write_splits,
 )
+from lit_entropy.models.tiny import build_qwen2
 
 ROOT = Path(__file__).resolve().parent / "forking"
 FORK_SEEDS = (0, 1)

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_size, make_arithmetic_examples
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
+from lit_entropy.models.tiny import build_qwen2
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
 
@@ -66,48 +67,6 @@ def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) ->
         seed=args.seed,
         max_new_tokens=6,
     )
-
-
-def build_qwen2(
-    tokenizer: PreTrainedTokenizerFast,
-    *,
-    hidden_size: int,
-    intermediate_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    seed: int,
-    max_new_tokens: int,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised tied-head Qwen2 over ``tokenizer`` (head_dim = hidden_size / num_heads) whose
-    generation config samples plainly at T = 1 (no top-k / top-p)."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=tokenizer.model_max_length,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=max_new_tokens,
-    )
-    return model
 
 
 def make_batch(examples: list[dict[str, str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, torch.Tensor]:

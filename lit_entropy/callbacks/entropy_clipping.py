@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lit_entropy.collectives import all_reduce_sum, global_top_k_cut
+from lit_entropy.distributed.collectives import all_reduce_sum, global_top_k_cut
 from lit_entropy.functional.clipping import (
     cap_count,
     clip_b_mask,

@@ -24,7 +24,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_entropy.collectives import all_gather_counts, all_reduce_sum, global_top_k_cut, is_distributed
+from lit_entropy.distributed.collectives import all_gather_counts, all_reduce_sum, global_top_k_cut, is_distributed
 from lit_entropy.functional.covariance import (
     clip_cov_candidates,
     clip_cov_mask,
@@ -194,7 +194,7 @@ class KLCov(_TokenCallback):
 
     Exactly the top ``max(int(kl_cov_ratio * N), 1)`` tokens of the global batch by ``cov`` (see
     :class:`ClipCov`), ties broken by global token index, found from each rank's own top-k,
-    all-gathered (:func:`~lit_entropy.collectives.global_top_k_cut`); an all-zero-advantage
+    all-gathered (:func:`~lit_entropy.distributed.collectives.global_top_k_cut`); an all-zero-advantage
     batch (every ``cov`` = 0) penalises that many tokens, not all of them.
     A :class:`~lit_entropy.protocol.TokenPenaltyProvider`: the module adds
     ``aggregate(coef * |log p - log p_old|)`` to its loss for every update epoch. The penalty is zero

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lit_entropy.collectives import all_reduce_sum
+from lit_entropy.distributed.collectives import all_reduce_sum
 from lit_entropy.functional.clipping import clip_b_mask
 from lit_entropy.functional.masked import masked_moments
 from lit_entropy.protocol import TokenMaskContext, check_token_masking_module

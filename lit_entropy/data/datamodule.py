@@ -256,7 +256,7 @@ class PromptDataModule(LightningDataModule):
             if self.tokenizer_name_or_path is not None:
                 from transformers import AutoTokenizer
 
-                from lit_entropy.model_paths import MODEL_PATH_SETTING, check_model_dir
+                from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
                 setting = f"tokenizer_name_or_path (lit-entropy: {MODEL_PATH_SETTING})"
                 check_model_dir(self.tokenizer_name_or_path, setting, require_weights=False)
@@ -270,7 +270,7 @@ class PromptDataModule(LightningDataModule):
 
                 self._tokenizer = build_char_tokenizer()
             else:
-                from lit_entropy.model_paths import MODEL_PATH_SETTING
+                from lit_entropy.models.paths import MODEL_PATH_SETTING
 
                 raise ValueError(
                     f"train_dataset={self.train_dataset!r} / val_dataset={self.val_dataset!r} need the tokenizer of "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lit_entropy.collectives import all_reduce_sum, world_size
+from lit_entropy.distributed.collectives import all_reduce_sum, world_size
 from lit_entropy.functional.kl import kl_penalty
 from lit_entropy.functional.policy_loss import (
     LOG_RATIO_CLAMP,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lit_entropy.collectives import all_reduce_sum
+from lit_entropy.distributed.collectives import all_reduce_sum
 from lit_entropy.settings import OptimConfig, UpdateConfig
 
 __all__ = [

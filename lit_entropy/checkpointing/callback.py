@@ -1,0 +1,312 @@
+"""Exact resume: RNG states in checkpoints, atomic checkpoint files, a checkpoint on Ctrl-C / SIGTERM / requeue.
+
+Lightning restores the model, optimizer, LR scheduler, loop progress, callback states and (for a stateful
+loader, :class:`~lit_entropy.data.sampler.ResumableDataLoader`) the data position. It does not save the
+global RNG states, and rollouts sample from them, so :class:`ResumableCheckpointing` stores every rank's
+torch / CUDA / numpy / Python RNG state and restores it when training starts again. The module adds this
+callback itself (``RFTModule.configure_callbacks``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from lit_entropy.checkpointing.atomic_io import AtomicCheckpointIO
+from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
+
+__all__ = ["ResumableCheckpointing"]
+
+_RNG_KEY = "lit_entropy_rng_states"
+# Pending stop requests, ordered: the larger one wins when ranks disagree.
+_STOP_INTERRUPT = 1  # SIGTERM, or Ctrl-C with several processes: <log_dir>/checkpoints/interrupted.ckpt
+_STOP_REQUEUE = 2  # SLURM requeue signal: Lightning's hpc_ckpt_N.ckpt, then scontrol requeue
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ResumableCheckpointing(Callback):
+    """RNG states in checkpoints, atomic checkpoint files, a resumable checkpoint on Ctrl-C.
+
+    * ``setup``: installs :class:`AtomicCheckpointIO` when the strategy uses the plain ``TorchCheckpointIO``
+      (a user's own CheckpointIO is kept).
+    * ``on_save_checkpoint``: stores every rank's RNG state (gathered: only rank 0 writes the file).
+    * ``on_load_checkpoint`` / ``on_train_start``: restores this rank's RNG state just before the first
+      resumed batch, so rollouts sample what the uninterrupted run sampled.
+    * validation inside ``fit`` leaves the training RNG stream unchanged (state taken at the end of the
+      training batch, restored after validation), so a checkpoint written before or after a validation
+      pass, and a resumed run that repeats or skips one, continue the same training stream.
+    * SIGTERM (what SLURM, Kubernetes and ``timeout`` send), and Ctrl-C with several processes: a handler
+      (main thread) only records the request; at the end of the current training batch the ranks agree on
+      it (one all-reduce per batch), all of them write ``<log_dir>/checkpoints/interrupted.ckpt`` together
+      (saving is collective under FSDP2) and the run stops cleanly; resuming from it continues exactly. A
+      second Ctrl-C interrupts at once, as usual.
+    * SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default under SLURM): the requeue
+      signal (SIGUSR1; ``sbatch --signal=USR1@<seconds>``) is handled the same way, but the checkpoint is
+      Lightning's ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` and rank 0 then runs ``scontrol requeue``; the
+      requeued job resumes from it without ``--ckpt_path`` (Lightning picks the newest ``hpc_ckpt``).
+    * ``on_exception`` with ``KeyboardInterrupt`` (single process): writes ``<log_dir>/checkpoints/interrupted.ckpt``.
+      When the interrupt lands inside a training batch the checkpoint describes the state at the start of
+      that batch (RNG state and data position rewound), so the resumed run redoes the batch. Optimizer
+      steps already taken within the batch (several mini-batches) are kept; with one update per batch
+      (the GRPO default) an interrupt before the step resumes exactly.
+
+    Args:
+        interrupt_checkpoint: write the Ctrl-C / SIGTERM / requeue checkpoints (and install the handlers).
+        atomic_io: install :class:`AtomicCheckpointIO`.
+    """
+
+    def __init__(self, interrupt_checkpoint: bool = True, atomic_io: bool = True) -> None:
+        self.interrupt_checkpoint = interrupt_checkpoint
+        self.atomic_io = atomic_io
+        self.interrupted_path: Path | None = None
+        self._pending: list[dict[str, Any]] | None = None
+        self._step_start_state: dict[str, Any] | None = None
+        self._val_state: dict[str, Any] | None = None
+        self._saving_mid_step = False
+        self._stop_code = 0
+        self._previous_handlers: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        strategy = trainer.strategy
+        if self.atomic_io and type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = AtomicCheckpointIO()
+
+    # -------------------------------------------------------------- RNG state
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._saving_mid_step:
+            state = self._step_start_state
+        elif trainer.validating and self._val_state is not None:
+            state = self._val_state  # interrupted inside validation: the training stream it will restore
+        else:
+            state = get_rng_state()
+        rank, world = _world()
+        states: list[Any] = [state]
+        if world > 1:
+            states = [None] * world
+            dist.all_gather_object(states, state)
+        checkpoint[_RNG_KEY] = states
+        if self._saving_mid_step:
+            _rewind_loader_position(checkpoint)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._pending = checkpoint.get(_RNG_KEY)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _load_pending_loader_states(trainer)
+        if self._pending:
+            rank, world = _world()
+            if len(self._pending) != world:
+                rank_zero_warn(
+                    f"the checkpoint holds RNG states of {len(self._pending)} ranks but this run has {world}: "
+                    "rank r takes state r mod saved ranks, so rollouts will not repeat the original run's"
+                )
+            set_rng_state(self._pending[rank % len(self._pending)])
+            self._pending = None
+        # A resumed run may validate before its first batch (Lightning repeats an interrupted check).
+        self._val_state = get_rng_state()
+        self._install_signal_handlers(trainer)
+
+    # ---------------------------------------------------- signals (Ctrl-C, SIGTERM, SLURM requeue)
+    def _install_signal_handlers(self, trainer: Trainer) -> None:
+        """Handlers that only record a request; the ranks act on it together at the end of the batch.
+
+        SIGTERM (preemption, ``timeout``, Kubernetes) always; SIGINT with several processes (a single
+        process takes Lightning's KeyboardInterrupt path, see ``on_exception``); the SLURM requeue signal
+        (SIGUSR1 by default) when Lightning's ``SLURMEnvironment(auto_requeue=True)`` is active. These
+        replace Lightning's own SIGTERM / SIGUSR1 handlers for the duration of training: Lightning's save
+        a checkpoint from inside the signal handler, in the middle of a step (collectives under FSDP2
+        could hang) and not resumable exactly.
+        """
+        self._stop_code = 0
+        if not self.interrupt_checkpoint or threading.current_thread() is not threading.main_thread():
+            return
+        wanted = {signal.SIGTERM: _STOP_INTERRUPT}
+        if trainer.world_size > 1:
+            wanted[signal.SIGINT] = _STOP_INTERRUPT
+        environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and hasattr(signal, "SIGUSR1"):
+            wanted[environment.requeue_signal or signal.SIGUSR1] = _STOP_REQUEUE
+        for signum, code in wanted.items():
+            self._previous_handlers[signum] = signal.signal(signum, self._make_handler(code))
+
+    def _make_handler(self, code: int) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_code = max(self._stop_code, code)
+            if signum == signal.SIGINT:  # the next Ctrl-C goes to the previous handler (KeyboardInterrupt at once)
+                signal.signal(signal.SIGINT, self._previous_handlers.get(signum) or signal.default_int_handler)
+
+        return handler
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_signal_handlers()
+        _refresh_last_checkpoints(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore_signal_handlers()
+
+    def _act_on_stop_request(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the end of a training batch: agree on a pending request, save together, stop (or requeue)."""
+        if not self._previous_handlers:
+            return
+        # Every rank joins, so all of them see a signal that reached any of them.
+        code = torch.tensor([float(self._stop_code)], device=pl_module.device)
+        if _world()[1] > 1:
+            dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        code_value = int(code.item())
+        if code_value == 0:
+            return
+        if code_value == _STOP_REQUEUE:
+            # Lightning resumes a requeued SLURM job from the newest hpc_ckpt_N.ckpt of default_root_dir.
+            connector = trainer._checkpoint_connector
+            path = Path(connector.hpc_save_path(trainer.default_root_dir))
+        else:
+            path = _interrupt_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        trainer.should_stop = True
+        self.interrupted_path = path
+        self._stop_code = 0
+        if code_value == _STOP_REQUEUE:
+            if trainer.is_global_zero:
+                _slurm_requeue()
+            rank_zero_info(f"lit_entropy: requeue signal; checkpoint written to {path}, SLURM job requeued")
+        else:
+            rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path {path})")
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_start_state = get_rng_state()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_start_state = None
+        # Snapshot before a validation pass can start: Lightning creates the validation iterator (a draw
+        # from the global RNG) before any validation hook runs.
+        self._val_state = get_rng_state()
+        self._act_on_stop_request(trainer, pl_module)
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._val_state = get_rng_state()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._val_state is not None and trainer.state.fn == "fit":
+            set_rng_state(self._val_state)
+        self._val_state = None
+
+    # ----------------------------------------------------------------- Ctrl-C
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not self.interrupt_checkpoint or not isinstance(exception, KeyboardInterrupt):
+            return
+        if trainer.world_size > 1:
+            # Saving is collective (FSDP2 gathers shards); ranks interrupted at different points would hang.
+            rank_zero_warn(
+                "KeyboardInterrupt with several processes (a second Ctrl-C, or one outside the training loop):"
+                " no interrupt checkpoint written"
+            )
+            return
+        if trainer.state.fn != "fit" or (trainer.global_step == 0 and self._step_start_state is None):
+            return
+        path = _interrupt_checkpoint_path(trainer)
+        self._saving_mid_step = self._step_start_state is not None
+        try:
+            trainer.save_checkpoint(path)
+        finally:
+            self._saving_mid_step = False
+        self.interrupted_path = path
+        rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+
+
+def _refresh_last_checkpoints(trainer: Trainer) -> None:
+    """Rewrite each ModelCheckpoint's ``last.ckpt`` (``save_last``) when the run ended after its latest save.
+
+    Lightning saves ``last`` with its other checkpoints (after validation or at an epoch end), so a
+    ``max_steps`` run that stops between two of them would otherwise keep an older ``last.ckpt`` than the
+    final weights (which ``fit`` exports). Collective: every rank runs it.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.dirpath is None:
+            continue
+        if getattr(callback, "_last_global_step_saved", None) == trainer.global_step or trainer.global_step == 0:
+            continue
+        path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+        trainer.save_checkpoint(path, weights_only=callback.save_weights_only)
+        callback.last_model_path = path
+        callback._last_global_step_saved = trainer.global_step
+
+
+def _slurm_requeue() -> None:
+    """``scontrol requeue <job>`` as Lightning's SLURM handler does (array jobs as ``<job>_<task>``)."""
+    import re
+    import subprocess
+
+    array_job = os.getenv("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9_]+", job):
+        rank_zero_warn(f"lit_entropy: cannot requeue: SLURM job id {job!r} is not set or malformed")
+        return
+    try:
+        result = subprocess.call(["scontrol", "requeue", job])
+    except FileNotFoundError:
+        rank_zero_warn("lit_entropy: cannot requeue: scontrol is not on PATH")
+        return
+    if result != 0:
+        rank_zero_warn(f"lit_entropy: scontrol requeue {job} failed with exit code {result}")
+
+
+def _interrupt_checkpoint_path(trainer: Trainer) -> Path:
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "interrupted.ckpt"
+
+
+def _load_pending_loader_states(trainer: Trainer) -> None:
+    """Hand the saved data position to the training loader if Lightning has not.
+
+    Lightning restores loader states in ``FitLoop.setup_data`` only while restarting, but a
+    ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` (ours does, for the LR
+    schedule) sets the data up *before* the loops are restored, and the states are then never applied
+    (lightning 2.6). The resumable loader applies a state at its first ``next``, which comes after
+    ``on_train_start``, so loading it here is in time.
+    """
+    fit_loop = trainer.fit_loop
+    states = getattr(fit_loop, "_combined_loader_states_to_load", None)
+    loader = getattr(fit_loop, "_combined_loader", None)
+    if states and loader is not None:
+        loader._load_state_dicts(states)
+        fit_loop._combined_loader_states_to_load = []
+
+
+def _rewind_loader_position(checkpoint: dict[str, Any]) -> None:
+    """Mark the batch in progress as not consumed (Lightning's progress counters already exclude it).
+
+    Lightning adds one to the logging step when it resumes a batch that had not ended; the interrupted
+    batch had not stepped either, so take it back.
+    """
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    epoch_loop = fit_loop.get("epoch_loop.state_dict", {})
+    if "_batches_that_stepped" in epoch_loop:
+        epoch_loop["_batches_that_stepped"] = max(0, int(epoch_loop["_batches_that_stepped"]) - 1)
+    for state in fit_loop.get("state_dict", {}).get("combined_loader", []):
+        if isinstance(state, dict) and {"epoch", "batches", "batch_size", "num_replicas"} <= set(state):
+            state["batches"] = max(0, int(state["batches"]) - 1)

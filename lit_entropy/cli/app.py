@@ -1,0 +1,333 @@
+"""The ``lit-entropy`` command: LightningCLI over :class:`RFTModule` and :class:`PromptDataModule`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import set_parsing_settings
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import ArgsType, LightningCLI, SaveConfigCallback
+
+import lit_entropy.callbacks  # noqa: F401  (registers the callbacks: --trainer.callbacks+=ClipCov works by short name)
+from lit_entropy import __version__
+from lit_entropy.cli.errors import SettingsError
+from lit_entropy.cli.export import export_main
+from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
+from lit_entropy.data.datamodule import PromptDataModule
+from lit_entropy.module import RFTModule
+from lit_entropy.settings import check_legacy_model_keys
+
+# --help documents every setting from its dataclass attribute docstring.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+__all__ = ["RFTCLI", "cli_main", "main"]
+
+# RL-friendly defaults: every step is an optimizer update worth logging, and a sanity validation
+# pass would spend a full generation round before training starts.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "log_every_n_steps": 1,
+    "num_sanity_val_steps": 0,
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        # No placeholder `hp_metric`: RFTModule's HParamsSummary declares val/avg@K and val/pass@k as the hp metrics.
+        "init_args": {"save_dir": "runs", "name": "lit_entropy", "default_hp_metric": False},
+    },
+}
+#: Epochs run when the command line and the configs set no budget (Lightning's own default is 1000).
+DEFAULT_MAX_EPOCHS = 3
+
+_EPILOG = (
+    "Also: 'lit-entropy export --ckpt_path CKPT --out DIR [--overwrite]' writes a checkpoint's policy as a "
+    "Hugging Face save_pretrained directory; 'lit-entropy --version' prints the version."
+)
+
+
+class RunDirectoryGuard(SaveConfigCallback):
+    """Lightning's ``SaveConfigCallback`` that refuses to reuse a previous run's log directory.
+
+    A logger version directory that already holds a ``config.yaml`` or an ``hf_model`` export belongs to
+    an earlier run; writing into it would overwrite that run's config and export. ``--overwrite_run true``
+    allows it on purpose. Without a logger nothing is written (there is no run directory).
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.logger is None:
+            # No run directory: Lightning would write config.yaml into the working directory, over any file
+            # of that name there.
+            self.already_saved = True
+            return
+        if not self.already_saved and self.save_to_log_dir and not self.overwrite:
+            log_dir = trainer.log_dir
+            taken = []
+            if log_dir is not None and trainer.is_global_zero:
+                taken = [name for name in (self.config_filename, "hf_model") if (Path(log_dir) / name).exists()]
+            taken = trainer.strategy.broadcast(taken)
+            if taken:
+                raise SettingsError(
+                    f"the log directory {log_dir} already holds a previous run ({', '.join(taken)}); refusing to "
+                    "overwrite it. Pick a new version (leave trainer.logger.init_args.version unset for the next "
+                    "free one, or set --trainer.logger.init_args.version=<new>) or pass --overwrite_run true to "
+                    "overwrite it on purpose"
+                )
+        # The check above replaces Lightning's; it would refuse only config.yaml, with a message about its API.
+        self.overwrite = True
+        super().setup(trainer, pl_module, stage)
+
+
+class RFTCLI(LightningCLI):
+    """LightningCLI with the tokenizer linked from the model and lit_entropy's trainer defaults."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # predict is not offered: the module has no predict_step (``test`` evaluates on the validation data).
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "validate": {"model", "dataloaders", "datamodule"},
+            "test": {"model", "dataloaders", "datamodule"},
+        }
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        # The prompts must be tokenized by the policy's own tokenizer.
+        parser.link_arguments("model.policy.model_name_or_path", "data.tokenizer_name_or_path")
+        parser.add_argument(
+            "--val_before_train",
+            type=bool,
+            default=True,
+            help="fit: validate the starting model first, so val/* curves start at step 0 (verl's val_before_train)",
+        )
+        add_safety_arguments(parser)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self.save_config_kwargs["overwrite"] = bool(config.get("overwrite_run", False))
+        if self.subcommand in ("fit", None):  # None: run=False, a trainer built for fit
+            apply_default_budget(config["trainer"])
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            raise SettingsError(root_cause(err)) from err
+
+    def parse_arguments(self, parser: Any, args: ArgsType) -> None:
+        # Pre-0.2 flat model keys get an error naming their new place, not jsonargparse's generic one.
+        try:
+            check_legacy_arguments(list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
+        except ValueError as error:
+            parser.exit(2, f"lit-entropy: error: {error}\n")
+        self._given_args = args  # re-parsed without defaults to tell explicit settings (_parse_ckpt_path)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path``: the checkpoint's model settings fill in what the user did not set; what the user
+        set explicitly and differs is refused by ``fit`` (or honoured with a warning), honoured with a warning
+        by ``validate`` / ``test`` (README, "Resuming with other settings").
+
+        Replaces Lightning's version, which lets the checkpoint's hyper-parameters override explicit ones
+        silently (and loads the whole checkpoint into memory to read them).
+        """
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path:
+            return
+        saved = read_checkpoint_hparams(ckpt_path)
+        given = self._given_args if self._given_args is not None else sys.argv[1:]
+        explicit = {"model": {}, "data": {}}
+        if isinstance(given, (list, tuple)):
+            namespace = self.parser.parse_args(list(given), defaults=False)[subcommand]
+            for section in explicit:
+                value = namespace.get(section)
+                explicit[section] = value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
+        model = {k: v for k, v in saved["model"].items() if not str(k).startswith("_")}
+        if model:  # Lightning's behaviour for the settings not given: the checkpoint's
+            merged = deep_merge(model, explicit["model"])
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
+            except SystemExit:
+                sys.stderr.write(f"lit-entropy: the model settings stored in {ckpt_path} do not parse (see above)\n")
+                raise
+        changes = []
+        for section in ("model", "data"):
+            changes += explicit_changes(saved[section], explicit[section], section)
+        allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
+        report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
+
+    def before_fit(self) -> None:
+        fit = self.config["fit"]
+        check_model_paths(self.model)
+        keep_last_checkpoint(self.trainer, fit["trainer"])
+        # Read every data file (columns, encoding, characters) before any model is loaded or validated.
+        preflight = getattr(self.datamodule, "preflight", None)
+        if callable(preflight):
+            preflight()
+        # A resumed run validated its starting point already (and the weights are restored only inside fit).
+        if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not _resuming(self, fit):
+            self.trainer.validate(self.model, datamodule=self.datamodule)
+
+    def before_validate(self) -> None:
+        check_model_paths(self.model)
+
+    def before_test(self) -> None:
+        check_model_paths(self.model)
+
+
+def check_model_paths(model: Any) -> None:
+    """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
+    from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
+
+    try:
+        path = getattr(model, "model_name_or_path", None)
+        if path is not None:
+            check_model_dir(path, MODEL_PATH_SETTING)
+        ppo = model.settings.ppo if hasattr(model, "settings") else None
+        critic = ppo.critic_model_name_or_path if ppo is not None else None
+        if critic is not None:
+            check_model_dir(critic, "model.ppo.critic_model_name_or_path")
+    except ValueError as err:
+        raise SettingsError(str(err)) from err
+
+
+def _resuming(cli: RFTCLI, fit: Any) -> bool:
+    """``--ckpt_path`` given, or a SLURM requeue that Lightning will resume from an ``hpc_ckpt_N.ckpt``."""
+    if fit.get("ckpt_path"):
+        return True
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect() and cli.trainer._checkpoint_connector._hpc_resume_path is not None
+
+
+# --------------------------------------------------------------------------- safety settings (issue 11)
+
+
+def add_safety_arguments(parser: Any) -> None:
+    """Top-level flags of every subcommand that protect earlier runs and checkpoints."""
+    parser.add_argument(
+        "--overwrite_run",
+        type=bool,
+        default=False,
+        help="reuse a logger version directory that holds a previous run (its config.yaml and export are replaced)",
+    )
+    parser.add_argument(
+        "--resume_with_changes",
+        type=bool,
+        default=False,
+        help="fit --ckpt_path: accept model/data settings that differ from the checkpoint's (listed in a warning)",
+    )
+
+
+def apply_default_budget(trainer_config: Any) -> None:
+    """Give a run without any budget (no max_epochs, max_steps or max_time) ``DEFAULT_MAX_EPOCHS`` epochs."""
+    max_steps = trainer_config.get("max_steps")
+    if (
+        trainer_config.get("max_epochs") is None
+        and (max_steps is None or max_steps == -1)
+        and trainer_config.get("max_time") is None
+    ):
+        trainer_config["max_epochs"] = DEFAULT_MAX_EPOCHS
+
+
+def keep_last_checkpoint(trainer: Trainer, trainer_config: Any) -> None:
+    """Give Lightning's default ModelCheckpoint ``save_last=True`` so ``<log_dir>/checkpoints/last.ckpt`` exists.
+
+    Only when the config adds no ModelCheckpoint of its own (whose ``save_last`` is the user's choice).
+    :class:`~lit_entropy.checkpointing.ResumableCheckpointing` refreshes ``last.ckpt`` at the end of
+    ``fit``, so it holds the final step (and agrees with the exported model).
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    configured = trainer_config.get("callbacks") or []
+    configured = configured if isinstance(configured, list) else [configured]
+    if any("ModelCheckpoint" in str(_class_path(c)) for c in configured):
+        return
+    for callback in trainer.callbacks:
+        if type(callback) is ModelCheckpoint and not callback.save_last:
+            callback.save_last = True
+
+
+def _class_path(entry: Any) -> str:
+    if isinstance(entry, str):
+        return entry
+    value = entry.get("class_path") if hasattr(entry, "get") else getattr(entry, "class_path", None)
+    return str(value or type(entry).__name__)
+
+
+def root_cause(err: BaseException) -> str:
+    """One line for a settings error: jsonargparse wraps a constructor's ValueError in a dump of every union
+    alternative ("Does not validate against any of the Union subtypes ... Errors: - mu must be > 0"); keep the
+    first listed error and the class it came from."""
+    text = str(err)
+    if "Errors:" not in text:
+        return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    errors = text.split("Errors:", 1)[1]
+    first = next((line.strip()[2:] for line in errors.splitlines() if line.strip().startswith("- ")), text)
+    given = text.split("Given value:", 1)[1].strip() if "Given value:" in text else ""
+    classes = [part.split("'")[1] for part in given.split("class_path=")[1:] if "'" in part]
+    where = f" ({', '.join(name.rsplit('.', 1)[-1] for name in classes)})" if classes else ""
+    return f"{first}{where}"
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def check_legacy_arguments(args: list[str]) -> None:
+    """Raise a ValueError naming the new key for any pre-0.2 flat ``model.*`` key in ``args`` or their config files."""
+    import yaml
+
+    given: dict[str, Any] = {}
+    for index, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        value = value if value or index + 1 >= len(args) else args[index + 1]
+        if key.startswith("--model."):
+            given[key.removeprefix("--model.").split(".")[0]] = value
+        elif key in ("--config", "-c") and Path(value).is_file():
+            model = (yaml.safe_load(Path(value).read_text()) or {}).get("model") or {}
+            if isinstance(model, dict):
+                check_legacy_model_keys(model.get("init_args", model), value)
+    check_legacy_model_keys(given, "the command line")
+
+
+def cli_main(args: ArgsType = None, run: bool = True) -> RFTCLI:
+    """Build (and by default run) the CLI; ``args`` lets tests drive it in-process."""
+    return RFTCLI(
+        RFTModule,
+        PromptDataModule,
+        args=args,
+        run=run,
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=RunDirectoryGuard,
+        save_config_kwargs={"overwrite": False},
+        auto_configure_optimizers=False,
+        parser_kwargs={"prog": "lit-entropy", "epilog": _EPILOG, "version": f"lit-entropy {__version__}"},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``lit-entropy fit|validate|test|export ...``).
+
+    Settings errors and refused actions (:class:`SettingsError`, an export target that holds other files)
+    print one line, ``lit-entropy: error: ...``, and exit with status 2; set ``LIT_ENTROPY_TRACEBACK=1``
+    for the traceback.
+    """
+    import os
+
+    from_command_line = argv is None
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] in (["--version"], ["-V"]):
+            print(f"lit-entropy {__version__}")
+            return
+        if argv[:1] == ["export"]:
+            export_main(argv[1:])
+            return
+        cli_main(None if from_command_line else argv)
+    except (SettingsError, FileExistsError) as err:
+        if os.environ.get("LIT_ENTROPY_TRACEBACK"):
+            raise
+        print(f"lit-entropy: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

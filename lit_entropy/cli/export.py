@@ -1,0 +1,43 @@
+"""``lit-entropy export``: a checkpoint's policy as a Hugging Face ``save_pretrained`` directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lit_entropy.cli.errors import SettingsError
+from lit_entropy.module import RFTModule
+
+__all__ = ["export_main"]
+
+
+def export_main(args: list[str] | None = None) -> str:
+    """``lit-entropy export --ckpt_path CKPT --out DIR``: the checkpoint's policy as a ``save_pretrained`` directory.
+
+    Works on consolidated (single-file) checkpoints; ``fit`` also exports at its end (``model.logging.export_dir``).
+    A non-empty ``--out`` that is not a previous lit_entropy export is refused unless ``--overwrite``.
+    """
+    import argparse
+
+    from lit_entropy.models.export import check_export_target, export_hf_model
+
+    parser = argparse.ArgumentParser(prog="lit-entropy export", description=export_main.__doc__)
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written by lit-entropy fit")
+    parser.add_argument("--out", required=True, help="directory to write (created, or a previous export)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace --out even if it holds other files (they are deleted)"
+    )
+    options = parser.parse_args(args)
+    check_export_target(options.out, overwrite=options.overwrite)  # before minutes of loading
+    ckpt = Path(options.ckpt_path)
+    if not ckpt.is_file():
+        what = "a directory (a sharded checkpoint: export it from a run instead)" if ckpt.is_dir() else "missing"
+        raise SettingsError(f"--ckpt_path={options.ckpt_path!r} is {what}; expected a consolidated .ckpt file")
+    module = RFTModule.load_from_checkpoint(options.ckpt_path, map_location="cpu")
+    tokenizer = module.tokenizer
+    if tokenizer is None:  # not set up: the tokenizer of the model the run started from
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(module.model_name_or_path)
+    path = export_hf_model(module.policy, tokenizer, options.out, overwrite=options.overwrite)
+    print(f"lit_entropy: exported the policy of {options.ckpt_path} to {path}")
+    return str(path)

@@ -1,0 +1,138 @@
+"""``--ckpt_path``: compare the settings given with the checkpoint's, and read them without loading its tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lit_entropy.cli.errors import SettingsError
+
+__all__ = ["RESUME_SAFE_KEYS", "deep_merge", "explicit_changes", "read_checkpoint_hparams", "report_setting_changes"]
+
+
+#: Settings whose change on resume cannot alter the training trajectory (outputs and logging only).
+RESUME_SAFE_KEYS = frozenset(
+    {
+        "export_dir",
+        "export_on_train_end",
+        "log_samples_every_n_steps",
+        "num_logged_samples",
+        "num_workers",
+        "cache_dir",
+    }
+)
+
+
+def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """Settings given explicitly (``explicit``, nested) whose value differs from the checkpoint's (``saved``).
+
+    Returns ``(dotted key, old, new)`` sorted by key; nested dicts (grouped settings, ``class_path`` /
+    ``init_args``) are compared key by key, a key the checkpoint lacks shows as ``<unset>``. The leaf
+    names in :data:`RESUME_SAFE_KEYS` are skipped: they cannot alter the training trajectory.
+    """
+    from collections.abc import Mapping
+
+    out: list[tuple[str, Any, Any]] = []
+    if not isinstance(explicit, Mapping):
+        return out
+    saved = saved if isinstance(saved, Mapping) else {}
+    for key in sorted(explicit, key=str):
+        if str(key) in RESUME_SAFE_KEYS or str(key).startswith("_"):
+            continue
+        name = f"{prefix}.{key}"
+        old, new = saved.get(key, _UNSET), explicit[key]
+        if isinstance(new, Mapping) and isinstance(old, Mapping):
+            out += explicit_changes(old, new, name)
+        elif _plain(old) != _plain(new):
+            out.append((name, old, new))
+    return out
+
+
+def report_setting_changes(
+    ckpt_path: str | Path, changes: list[tuple[str, Any, Any]], subcommand: str, *, allow_changes: bool
+) -> None:
+    """Refuse (``fit`` without ``--resume_with_changes``) or warn about settings that differ from a checkpoint's.
+
+    A resumed ``fit`` restores the weights, the optimizer (with its learning rate) and the LR schedule, so a
+    changed setting would be honoured only partly; ``validate`` / ``test`` use the checkpoint's weights
+    with the settings given.
+    """
+    import warnings
+
+    if not changes:
+        return
+    listing = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+    if not allow_changes:
+        raise SettingsError(
+            f"--ckpt_path={str(ckpt_path)!r} was trained with different settings: {listing}. Resume with the "
+            "checkpoint's settings (drop these overrides, or use --config <its log dir>/config.yaml), pass "
+            "--resume_with_changes true to resume with the new values anyway, or start a new run from an "
+            "exported model"
+        )
+    note = (
+        " The weights, the optimizer state (including its learning rate) and the LR schedule come from the checkpoint."
+        if subcommand == "fit"
+        else " The checkpoint's weights are evaluated with the settings given."
+    )
+    warnings.warn(
+        f"{subcommand} --ckpt_path {ckpt_path}: settings differ from the checkpoint's and the new values are used: "
+        f"{listing}.{note}",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    from collections.abc import Mapping
+
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = deep_merge(base.get(key), value)
+        return merged
+    return override
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _plain(value: Any) -> Any:
+    """Comparable form: tuples as lists, numbers by value (so 3e-4 == 0.0003 and 1 == 1.0)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
+    """``{"model": ..., "data": ...}`` hyper-parameters stored in a checkpoint, without reading its tensors.
+
+    A consolidated file is memory-mapped (a 7B checkpoint costs no RAM); a sharded directory's ``meta.pt``
+    is read. Missing sections are empty dicts.
+    """
+    import torch
+
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise SettingsError(f"--ckpt_path={str(ckpt_path)!r} does not exist")
+    source = path / "meta.pt" if path.is_dir() else path
+    if not source.is_file():
+        raise SettingsError(
+            f"--ckpt_path={str(ckpt_path)!r} is a directory without meta.pt, not a Lightning checkpoint"
+        )
+    try:
+        checkpoint = torch.load(source, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as err:  # truncated file, not a checkpoint, ...
+        raise SettingsError(
+            f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
+        ) from err
+    return {
+        "model": dict(checkpoint.get("hyper_parameters") or {}),
+        "data": dict(checkpoint.get("datamodule_hyper_parameters") or {}),
+    }

@@ -1,0 +1,142 @@
+"""Export a policy as a Hugging Face ``save_pretrained`` directory, without ever deleting a user's files.
+
+``export_hf_model`` writes the weights, config and tokenizer into a sibling temporary directory, then
+swaps it in atomically (:func:`lit_entropy.checkpointing.atomic_directory_replace`). The directory is
+marked with :data:`EXPORT_MARKER`, so a later export may replace a previous export of this library; any
+other non-empty directory is refused unless ``overwrite=True`` (``lit-entropy export --overwrite``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["EXPORT_MARKER", "check_export_target", "export_hf_model", "export_module_policy", "is_export"]
+
+#: File written into every export; its presence allows the next export to replace the directory.
+EXPORT_MARKER = ".lit_entropy_export.json"
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory written by :func:`export_hf_model` (it holds the marker file)."""
+    return (Path(path) / EXPORT_MARKER).is_file()
+
+
+def check_export_target(path: str | os.PathLike, *, overwrite: bool = False, setting: str = "--out") -> Path:
+    """Refuse an export target that would destroy data; returns it as a ``Path``.
+
+    Accepted: a path that does not exist, an empty directory, a previous export of this library (marker
+    file present), or any directory when ``overwrite`` is True. Refused: a file, or a non-empty directory
+    of something else.
+
+    Raises:
+        FileExistsError: Naming ``setting``, the path, a few of its entries and how to proceed.
+    """
+    target = Path(path).expanduser()
+    if not target.exists() and not target.is_symlink():
+        return target
+    if not target.is_dir():
+        raise FileExistsError(
+            f"{setting}={str(path)!r} is an existing file, not a directory; the export needs a directory. "
+            "Choose another path"
+        )
+    entries = sorted(p.name for p in target.iterdir())
+    if not entries or overwrite or EXPORT_MARKER in entries:
+        return target
+    shown = ", ".join(entries[:5]) + (f", ... ({len(entries)} entries)" if len(entries) > 5 else "")
+    raise FileExistsError(
+        f"{setting}={str(path)!r} is a non-empty directory that is not a lit_entropy export ({shown}); "
+        "refusing to replace it. Choose a new or empty directory, or pass --overwrite (export_hf_model("
+        "overwrite=True)) to delete its contents and write the export there"
+    )
+
+
+def export_hf_model(
+    policy: Any,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    write: bool = True,
+    setting: str = "--out",
+) -> Path:
+    """Write ``policy`` (``save_pretrained``) and ``tokenizer`` to ``path`` atomically; returns the path.
+
+    The directory loads with ``AutoModelForCausalLM.from_pretrained`` and vLLM: the KV cache is switched
+    back on in the saved config (training turns it off), the architecture name is the unwrapped class's
+    (``fully_shard`` renames it to ``FSDP<Name>``), and tied weights gathered as separate tensors are
+    dropped so the loader re-ties them.
+
+    Under FSDP2 every rank must call this (the full weights are gathered collectively); only the rank
+    with ``write=True`` (rank 0) touches the file system. Call :func:`check_export_target` on every rank
+    first, or let rank 0 raise here.
+
+    Args:
+        policy: A transformers ``PreTrainedModel`` (possibly FSDP2-sharded).
+        tokenizer: Its tokenizer (anything with ``save_pretrained``).
+        path: Output directory; see :func:`check_export_target` for what may be replaced.
+        overwrite: Replace a non-empty directory that is not a previous export (its files are deleted).
+        write: False on ranks other than 0: gather, but write nothing.
+        setting: Name of the setting holding ``path``, for messages.
+    """
+    from lit_entropy import __version__
+    from lit_entropy.checkpointing.atomic_io import atomic_directory_replace
+    from lit_entropy.distributed.fsdp2 import full_state_dict, unwrapped_class
+
+    target = check_export_target(path, overwrite=overwrite, setting=setting) if write else Path(path)
+    state = full_state_dict(policy)  # collective under FSDP2
+    tied = getattr(policy, "_tied_weights_keys", None)
+    if isinstance(tied, dict) and getattr(policy.config, "tie_word_embeddings", False):
+        # gathered shards are separate tensors: drop the tied copies the loader re-ties
+        for key, source in tied.items():
+            if key in state and source in state and torch.equal(state[key], state[source]):
+                del state[key]
+    if not write:
+        return target
+
+    def build(tmp: Path) -> None:
+        config = policy.config
+        use_cache, config.use_cache = config.use_cache, True  # training turns the KV cache off
+        try:
+            policy.save_pretrained(tmp, state_dict=state)
+        finally:
+            config.use_cache = use_cache
+        tokenizer.save_pretrained(tmp)
+        config_file = tmp / "config.json"
+        saved = json.loads(config_file.read_text())
+        saved["architectures"] = [unwrapped_class(policy).__name__]
+        config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+        marker = {"library": "lit_entropy", "version": __version__}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")
+
+    return atomic_directory_replace(build, target)
+
+
+def export_module_policy(module: Any, path: str | os.PathLike | None, trainer: Any) -> str:
+    """Export an :class:`~lit_entropy.module.RFTModule`'s policy and tokenizer; every rank calls it, rank 0 writes.
+
+    Args:
+        module: the module.
+        path: target directory (``model.logging.export_dir``); None = ``<log_dir>/hf_model`` of ``trainer``.
+        trainer: the Trainer the module is attached to, or None (then ``path`` is required).
+    """
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from lit_entropy.models.loading import load_tokenizer
+
+    if path is None and trainer is None:
+        raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
+    if path is None:
+        path = f"{trainer.log_dir or trainer.default_root_dir}/hf_model"
+    if trainer is not None:
+        path = trainer.strategy.broadcast(str(path))
+    tokenizer = module.tokenizer or load_tokenizer(module.model_name_or_path)
+    export_hf_model(module.policy, tokenizer, path, write=module.global_rank == 0, setting="model.logging.export_dir")
+    if trainer is not None:
+        trainer.strategy.barrier("export_pretrained")
+    rank_zero_info(f"lit_entropy: exported the policy to {path}")
+    return str(path)

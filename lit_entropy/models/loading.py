@@ -1,0 +1,112 @@
+"""Loading the policy, reference and critic models and their tokenizer from local directories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["RFTModels", "check_context_length", "load_causal_lm", "load_rft_models", "load_tokenizer"]
+
+
+def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype`` (``"auto"`` = the checkpoint's).
+
+    Args:
+        path: model directory (or hub id).
+        dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
+        setting: the setting that named ``path``, for error messages.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from lit_entropy.models.paths import check_model_dir
+
+    check_model_dir(path, setting)
+    if dtype == "float16" and not torch.cuda.is_available():
+        raise ValueError(
+            f"model.policy.dtype='float16' cannot run on this CPU-only machine (half-precision matmuls are not "
+            f"supported for training here); use float32 or bfloat16 (loading {setting}={path!r})"
+        )
+    return AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+
+
+def load_tokenizer(path: str) -> Any:
+    """The model's tokenizer, left-padding (generation appends to the right)."""
+    from transformers import AutoTokenizer
+
+    from lit_entropy.models.paths import check_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(check_model_dir(path, require_weights=False))
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def check_context_length(path: str, longest_prompt: int | None, max_new_tokens: int) -> None:
+    """Refuse prompts plus completions longer than the model's ``max_position_embeddings``, before training."""
+    from transformers import AutoConfig
+
+    context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    if context is not None and longest_prompt is not None and longest_prompt + max_new_tokens > context:
+        raise ValueError(
+            f"prompts of up to {longest_prompt} tokens plus max_new_tokens={max_new_tokens} exceed the model's context "
+            f"max_position_embeddings={context} ({path}); shorten the prompts (data.max_prompt_length) or lower "
+            "model.sampling.max_new_tokens / model.evaluation.max_new_tokens"
+        )
+
+
+@dataclass
+class RFTModels:
+    """The models of one RFT run.
+
+    Attributes:
+        policy: the trained causal LM (train mode, KV cache off).
+        ref_model: frozen reference for the KL term, or None.
+        critic: separate critic backbone (PPO), or None.
+        value_head: ``Linear(hidden, 1)`` on the critic or the policy (PPO), zero-initialised, or None.
+    """
+
+    policy: nn.Module
+    ref_model: nn.Module | None = None
+    critic: nn.Module | None = None
+    value_head: nn.Linear | None = None
+
+
+def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
+    """Load what ``settings`` (an :class:`~lit_entropy.settings.RFTSettings`) needs from local directories."""
+    dtype, ppo = settings.policy.dtype, settings.ppo
+    models = RFTModels(load_causal_lm(model_name_or_path, dtype, "model.policy.model_name_or_path").train())
+    models.policy.config.use_cache = False
+    _report_vocabulary_path(models.policy, settings.policy.fused_lm_head)
+    if settings.policy.gradient_checkpointing:
+        models.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if settings.loss.kl_coef > 0:
+        reference = load_causal_lm(model_name_or_path, dtype, "model.policy.model_name_or_path")
+        models.ref_model = reference.requires_grad_(False).eval()
+    if ppo is not None:
+        if ppo.critic_model_name_or_path is not None:
+            models.critic = load_causal_lm(ppo.critic_model_name_or_path, dtype, "model.ppo.critic_model_name_or_path")
+        backbone = models.critic if models.critic is not None else models.policy
+        models.value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=backbone.dtype)
+        nn.init.zeros_(models.value_head.weight)
+        nn.init.zeros_(models.value_head.bias)
+    return models
+
+
+def _report_vocabulary_path(policy: nn.Module, fused: bool) -> None:
+    """One log line saying how log-probs and entropy are computed over the vocabulary."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from lit_entropy.step.forward import uses_fused_head
+
+    if fused and uses_fused_head(policy):
+        path = (
+            "fused (hidden states x LM head in blocks, no [tokens, vocab] logits; "
+            "separate update forwards form the gradient inside the pass)"
+        )
+    elif fused:
+        path = "unfused (full response logits): the LM head is not a plain linear layer"
+    else:
+        path = "unfused (full response logits): model.policy.fused_lm_head is false"
+    rank_zero_info(f"lit_entropy: vocabulary pass: {path}")

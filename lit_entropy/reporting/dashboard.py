@@ -1,0 +1,350 @@
+"""What a training step shows in TensorBoard: the ``train/*`` and ``perf/*`` tags, samples and histograms.
+
+The tag scheme (README "Logged to TensorBoard" has the full table) groups related curves by prefix
+(``train/reward/*``, ``train/length/*``, ``train/clip/*``, ``perf/*``...) and follows TRL's and verl's
+names where users look for them. A tag is logged only when it can carry information in the run, which
+:class:`TagPlan` decides once, identically on every rank. Batch statistics are computed over the
+global batch here (sums, minima and maxima reduced across ranks), so they are logged without
+Lightning's ``sync_dist`` averaging, which would turn a global minimum into a mean of minima.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lit_entropy import protocol
+from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
+from lit_entropy.metrics import ClipRatio, TokenEntropy
+from lit_entropy.rollout.base import RolloutEngine
+
+__all__ = [
+    "PhaseTimer",
+    "TagPlan",
+    "TrainDashboard",
+    "batch_statistics",
+    "lightning_log_step",
+    "loss_scalars",
+    "peak_memory_mb",
+    "samples_markdown",
+]
+
+LOSS_TAGS = {
+    "pg_loss": "train/loss/policy",
+    "kl": "train/loss/kl",
+    "entropy_bonus": "train/loss/entropy_bonus",
+    "token_penalty": "train/loss/token_penalty",
+    "value_loss": "train/loss/value",
+}
+"""Update-loss terms (:class:`~lit_entropy.step.UpdateLoss`) and their tags; each is present only when on."""
+
+
+@dataclass(frozen=True)
+class TagPlan:
+    """Which optional ``train/*`` tags can carry information in this run (the same on every rank).
+
+    Attributes:
+        off_policy: more than one optimizer step per rollout batch: only then can the PPO ratio leave 1, so
+            only then are ``train/clip/*`` and ``train/clip/approx_kl`` logged (one on-policy update has
+            ratio 1 and zero clip fractions by construction).
+        lr_changes: warm-up or a decaying schedule: ``train/optim/lr`` is logged.
+        grouped: more than one sample per prompt: ``train/reward/frac_zero_std`` is logged.
+        mask_providers: number of keep-mask callbacks: ``train/entropy/{masked,kept}`` with one or more,
+            ``train/mask/loss_token_frac`` with two or more (with one it is ``1 -`` that callback's ``frac``).
+        coefficient_providers: a loss-coefficient callback may change ``entropy_coef``: it is logged.
+        syncs_weights: the rollout engine holds its own copy of the weights (vLLM): ``perf/time_sync_s``
+            is logged (Hugging Face ``generate`` samples from the policy itself: nothing to sync).
+    """
+
+    off_policy: bool = False
+    lr_changes: bool = False
+    grouped: bool = True
+    mask_providers: int = 0
+    coefficient_providers: bool = False
+    syncs_weights: bool = False
+
+    @staticmethod
+    def of(module: Any) -> TagPlan:
+        """The plan of an :class:`~lit_entropy.module.RFTModule` attached to its trainer."""
+        settings, trainer = module.settings, module._trainer
+        return TagPlan(
+            off_policy=module.updates_per_rollout_batch() > 1,
+            lr_changes=settings.optim.warmup_steps > 0 or settings.optim.lr_schedule != "constant",
+            grouped=settings.sampling.num_samples > 1,
+            mask_providers=len(protocol.token_mask_providers(trainer)),
+            coefficient_providers=bool(protocol.loss_coefficient_providers(trainer)),
+            syncs_weights=type(module.rollout_engine).sync_weights is not RolloutEngine.sync_weights,
+        )
+
+
+class PhaseTimer:
+    """Wall-clock seconds of the named phases of one training step (``perf/time_<phase>_s``).
+
+    CUDA work is asynchronous: on a GPU each phase ends with a synchronize so its time is its own.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        """The phases timed since the last ``pop``, and reset."""
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory in MiB: CUDA max allocated on a GPU, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _moments(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(count, sum, sum of squares)`` and ``(max, -min)`` of ``values[mask]``, float64, for global reduction."""
+    v = values.to(torch.float64)
+    picked = v[mask]
+    sums = torch.stack([mask.sum().to(torch.float64), picked.sum(), (picked * picked).sum()])
+    empty = picked.numel() == 0
+    extremes = torch.stack(
+        [
+            picked.max() if not empty else v.new_tensor(-torch.inf),
+            (-picked).max() if not empty else v.new_tensor(-torch.inf),
+        ]
+    )
+    return sums, extremes
+
+
+def _stats(prefix: str, sums: Tensor, extremes: Tensor, std: bool = True) -> dict[str, float]:
+    count, total, squares = sums.tolist()
+    mean = total / max(count, 1.0)
+    out = {f"{prefix}/mean": mean}
+    if std:  # sample std (Bessel), as torch.std and TRL report it
+        out[f"{prefix}/std"] = (max(squares - count * mean * mean, 0.0) / max(count - 1.0, 1.0)) ** 0.5
+    out[f"{prefix}/min"], out[f"{prefix}/max"] = -float(extremes[1]), float(extremes[0])
+    return out
+
+
+def batch_statistics(
+    experience: Any, group_size: int, max_new_tokens: int, eos_token_ids: list[int], plan: TagPlan
+) -> dict[str, float]:
+    """Global statistics of one scored rollout batch: rewards, advantages, lengths, entropy of masked / kept tokens.
+
+    Every rank must call it (two all-reduces). Rows are grouped by prompt, ``group_size`` consecutive rows each.
+
+    Args:
+        experience: an :class:`~lit_entropy.step.Experience` (``rewards`` ``[N]``, ``advantages``/``entropy``
+            ``[N, T]``, ``response_mask`` and ``loss_mask`` bool ``[N, T]``).
+        group_size: samples per prompt.
+        max_new_tokens: the sampling length limit: a completion of this length without an EOS is truncated.
+        eos_token_ids: ids that end a completion.
+        plan: which optional tags to compute.
+    """
+    mask, rewards = experience.response_mask, experience.rewards
+    lengths = mask.sum(-1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    responses = experience.rollout.responses
+    last = responses[rows, (lengths - 1).clamp(min=0)]
+    eos = torch.as_tensor(eos_token_ids, device=mask.device).reshape(-1)
+    truncated = (lengths >= max_new_tokens) & ~torch.isin(last, eos)
+    grouped = rewards.view(-1, group_size)
+    all_equal = (grouped.max(-1).values == grouped.min(-1).values).sum()
+    parts = [
+        _moments(rewards, torch.ones_like(rewards, dtype=torch.bool)),
+        _moments(experience.advantages, mask),
+        _moments(lengths, torch.ones_like(lengths, dtype=torch.bool)),
+    ]
+    non_binary = ((rewards != 0) & (rewards != 1)).sum()
+    counts = [truncated.sum(), all_equal, torch.tensor(grouped.shape[0], device=mask.device), non_binary]
+    if plan.mask_providers:
+        kept = experience.loss_mask & mask
+        entropy = experience.entropy.to(torch.float64)
+        for part in (mask & ~kept, kept):
+            counts += [part.sum(), torch.where(part, entropy, 0.0).sum()]
+    sums = all_reduce_sum(torch.cat([torch.cat([p[0] for p in parts]), torch.stack(counts).to(torch.float64)]))
+    extremes = all_reduce_max(torch.cat([p[1] for p in parts]))
+    out = _stats("train/reward", sums[0:3], extremes[0:2])
+    out.update(_stats("train/advantage", sums[3:6], extremes[2:4]))
+    out.update(_stats("train/length", sums[6:9], extremes[4:6], std=False))
+    n_rows, n_truncated, n_equal, n_groups, n_non_binary = float(sums[6]), *sums[9:13].tolist()
+    out["train/length/truncated_frac"] = n_truncated / max(n_rows, 1.0)
+    out["non_binary_rewards"] = n_non_binary  # not a tag: TrainDashboard decides on reward min / max with it
+    if plan.grouped:
+        out["train/reward/frac_zero_std"] = n_equal / max(n_groups, 1.0)
+    if plan.mask_providers:
+        n_masked, h_masked, n_kept, h_kept = sums[13:17].tolist()
+        if n_masked > 0:  # a global count: every rank takes the same branch
+            out["train/entropy/masked"] = h_masked / n_masked
+        out["train/entropy/kept"] = h_kept / max(n_kept, 1.0)
+        if plan.mask_providers > 1:
+            out["train/mask/loss_token_frac"] = n_kept / max(float(sums[3]), 1.0)
+    return out
+
+
+def loss_scalars(terms: dict[str, float], plan: TagPlan) -> dict[str, float]:
+    """Tags of an update's mean loss terms (per rank; average them across ranks) and its gradient norm."""
+    out = {LOSS_TAGS[key]: value for key, value in terms.items() if key in LOSS_TAGS}
+    out["train/optim/grad_norm"] = terms["grad_norm"]
+    if plan.off_policy:
+        out["train/clip/approx_kl"] = terms["approx_kl"]
+        if "value_clip_frac" in terms:
+            out["train/clip/value"] = terms["value_clip_frac"]
+    return out
+
+
+def lightning_log_step(trainer: Any) -> int:
+    """The step Lightning writes this training batch's ``self.log`` scalars at.
+
+    Lightning's logger connector logs at ``fit_loop.epoch_loop._batches_that_stepped``, which counts the
+    finished training batches and is increased only after the batch's metrics are written; during
+    ``training_step`` of batch ``i`` (from the start) it is ``i``, whereas ``global_step`` already counts
+    the optimizer steps taken in that batch.
+    """
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+class TrainDashboard(nn.Module):
+    """Everything one training step logs besides the callbacks' own tags (owned by the module).
+
+    Args:
+        clip_ratio_low: lower PPO clip epsilon.
+        clip_ratio_high: upper PPO clip epsilon.
+    """
+
+    def __init__(self, clip_ratio_low: float, clip_ratio_high: float) -> None:
+        super().__init__()
+        self.entropy = TokenEntropy()
+        self.clip = ClipRatio(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+        self.timer = PhaseTimer()
+        self.plan: TagPlan | None = None
+        # Rewards other than 0 / 1 seen so far: before, reward min / max are 0 / 1 and say nothing.
+        self.non_binary_rewards = False
+
+    def log_step(self, module: Any, batch: dict[str, Any], experience: Any, terms: dict[str, float]) -> None:
+        """Log the step's ``train/*`` and ``perf/*`` scalars through ``module`` (every rank calls it)."""
+        self.plan = self.plan or TagPlan.of(module)
+        plan, settings = self.plan, module.settings
+        eos = module.tokenizer.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        sampling = settings.sampling
+        stats = batch_statistics(experience, sampling.num_samples, sampling.max_new_tokens, eos_ids, plan)
+        self.non_binary_rewards |= stats.pop("non_binary_rewards") > 0  # a global count: every rank agrees
+        if not self.non_binary_rewards:
+            del stats["train/reward/min"], stats["train/reward/max"]
+        if plan.lr_changes:
+            stats["train/optim/lr"] = module.optimizers().param_groups[0]["lr"]
+        if module.skipped_updates.total:  # a cumulative count, logged from the first skipped update on
+            stats["train/optim/skipped_updates"] = float(module.skipped_updates.total)
+        if plan.coefficient_providers:
+            stats["train/loss/entropy_coef"] = experience.coefficients["entropy_coef"]
+        if experience.rollout_gap is not None:
+            stats.update(self._gap(experience))
+        stats.update(self._perf(module, experience))
+        size = len(batch["answers"])
+        module.log_dict({k: torch.tensor(float(v)) for k, v in stats.items()}, on_step=True, batch_size=size)
+        losses = {k: torch.tensor(float(v)) for k, v in loss_scalars(terms, plan).items()}
+        module.log_dict(losses, on_step=True, batch_size=size, sync_dist=True)
+        self.entropy.update(experience.entropy, experience.response_mask)
+        entropy = self.entropy.compute()
+        module.log("train/entropy/mean", entropy, on_step=True, batch_size=1)
+        if plan.off_policy:
+            clip = self.clip.compute()
+            for name, key in (("ratio", "total"), ("low", "low"), ("high", "high")):
+                module.log(f"train/clip/{name}", clip[key], on_step=True, batch_size=1)
+        self.entropy.reset()
+        self.clip.reset()
+        module.log("reward", stats["train/reward/mean"], prog_bar=True, logger=False, batch_size=1)
+        module.log("entropy", entropy, prog_bar=True, logger=False, batch_size=1)
+
+    def _gap(self, experience: Any) -> dict[str, float]:
+        """Trainer minus rollout-engine log-prob of the sampled tokens (engines that report log-probs)."""
+        mask = experience.response_mask
+        sums, extremes = _moments(experience.rollout_gap.abs(), mask)
+        sums, extremes = all_reduce_sum(sums), all_reduce_max(extremes)
+        return {
+            "train/rollout/logprob_gap_mean": float(sums[1]) / max(float(sums[0]), 1.0),
+            "train/rollout/logprob_gap_max": float(extremes[0]),
+        }
+
+    def _perf(self, module: Any, experience: Any) -> dict[str, float]:
+        """``perf/time_<phase>_s`` of this rank, generated tokens per second (global), peak memory (this rank)."""
+        seconds = self.timer.pop()
+        if not self.plan.syncs_weights:
+            seconds.pop("sync", None)
+        out = {f"perf/time_{phase}_s": value for phase, value in seconds.items()}
+        tokens = all_reduce_sum(experience.response_mask.sum().to(torch.float64).reshape(1))
+        if "generate" in seconds:
+            out["perf/tokens_per_s"] = float(tokens) / max(seconds["generate"], 1e-9)
+        out["perf/peak_memory_mb"] = peak_memory_mb(module.device)
+        return out
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def samples_markdown(
+    prompts: list[str],
+    answers: list[str],
+    completions: list[str],
+    rewards: Tensor,
+    advantages: Tensor,
+    group_size: int,
+    num_prompts: int,
+) -> str:
+    """Every completion of the first ``num_prompts`` prompts (whole GRPO groups), as a Markdown table.
+
+    Args:
+        prompts: one per prompt.
+        answers: one per prompt.
+        completions: ``group_size`` consecutive completions per prompt.
+        rewards: ``[len(completions)]``.
+        advantages: ``[len(completions)]``, the advantage of each completion (its first token's).
+        group_size: completions per prompt.
+        num_prompts: how many prompts to show.
+    """
+    lines = ["| prompt | answer | # | completion | reward | advantage |", "|---|---|---|---|---|---|"]
+    for prompt_idx in range(min(num_prompts, len(prompts))):
+        for sample in range(group_size):
+            row = prompt_idx * group_size + sample
+            head = (_cell(prompts[prompt_idx]), _cell(answers[prompt_idx])) if sample == 0 else ("", "")
+            lines.append(
+                f"| {head[0]} | {head[1]} | {sample} | {_cell(completions[row])} | "
+                f"{float(rewards[row]):.3g} | {float(advantages[row]):+.3g} |"
+            )
+    return "\n".join(lines)
+
+
+def log_samples(
+    writer: Any, step: int, experience: Any, batch: dict[str, Any], completions: list[str], num_prompts: int
+) -> None:
+    """Write the token-entropy histogram and a table of whole sample groups to a TensorBoard ``writer``.
+
+    Use ``step = lightning_log_step(trainer)`` so they line up with the step's scalars.
+    """
+    mask = experience.response_mask
+    group = len(completions) // len(batch["prompts"])
+    writer.add_histogram("train/entropy/tokens", experience.entropy[mask].float().cpu(), step)
+    first = experience.advantages[:, 0] if experience.advantages.dim() == 2 else experience.advantages
+    table = samples_markdown(
+        batch["prompts"], batch["answers"], completions, experience.rewards, first, group, num_prompts
+    )
+    writer.add_text("train/samples", table, step)

@@ -8,7 +8,9 @@ from lit_entropy.functional.advantages import (
     check_advantage_scale,
     check_gae_args,
     gae_advantages,
+    gae_estimator,
     grpo_advantages,
+    grpo_estimator,
     whiten,
 )
 from lit_entropy.functional.clipping import (
@@ -39,7 +41,18 @@ from lit_entropy.functional.policy_loss import (
     check_value_loss_args,
     clipped_token_masks,
     policy_loss,
+    ppo_policy_loss,
     value_loss,
+)
+from lit_entropy.functional.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownNameError,
+    estimator_needs_values,
+    outcome_token_rewards,
+    register_advantage_estimator,
+    register_policy_loss,
 )
 from lit_entropy.functional.sampling import CategoricalSampler, sample_categorical
 from lit_entropy.functional.selection import (
@@ -52,13 +65,17 @@ from lit_entropy.functional.selection import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_SCALES",
     "CategoricalSampler",
     "EntropyStats",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
     "PolicyLossStats",
+    "Registry",
     "TopKCut",
+    "UnknownNameError",
     "aggregate_loss",
     "avg_at_k",
     "cap_count",
@@ -75,8 +92,11 @@ __all__ = [
     "entropy_discriminator",
     "entropy_from_logits",
     "entropy_stats",
+    "estimator_needs_values",
     "gae_advantages",
+    "gae_estimator",
     "grpo_advantages",
+    "grpo_estimator",
     "kl_penalty",
     "kth_largest",
     "linear_entropy_loss",
@@ -86,10 +106,14 @@ __all__ = [
     "masked_moments",
     "masked_sum",
     "moment_stats",
+    "outcome_token_rewards",
     "pass_at_k",
     "pass_at_k_per_prompt",
     "policy_loss",
+    "ppo_policy_loss",
     "predicted_entropy_change",
+    "register_advantage_estimator",
+    "register_policy_loss",
     "sample_categorical",
     "tie_counts",
     "top_k_cut",

@@ -1,14 +1,30 @@
-"""Advantage estimators: group-relative (GRPO / Dr.GRPO) and GAE (PPO), plus masked whitening."""
+"""Advantage estimators: group-relative (GRPO / Dr.GRPO) and GAE (PPO), plus masked whitening.
+
+``grpo`` and ``gae`` are registered in :data:`~lit_entropy.functional.registry.ADVANTAGE_ESTIMATORS`
+(:func:`grpo_estimator`, :func:`gae_estimator`) with the registry's common signature.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lit_entropy.functional.checks import check_choice, check_number
 from lit_entropy.functional.masked import as_bool_mask, masked_mean
+from lit_entropy.functional.registry import register_advantage_estimator
 
-__all__ = ["ADVANTAGE_SCALES", "check_advantage_scale", "check_gae_args", "gae_advantages", "grpo_advantages", "whiten"]
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "check_advantage_scale",
+    "check_gae_args",
+    "gae_advantages",
+    "gae_estimator",
+    "grpo_advantages",
+    "grpo_estimator",
+    "whiten",
+]
 
 ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
 """How :func:`grpo_advantages` divides the centred rewards: group std (GRPO), batch std, or not (Dr.GRPO)."""
@@ -148,3 +164,77 @@ def gae_advantages(
         adv[:, t] = torch.where(valid, here, zero)
     returns = torch.where(mask, adv + v, zero)
     return adv, returns
+
+
+def _check_token_shapes(token_rewards: Tensor, mask: Tensor, values: Tensor | None = None) -> None:
+    shapes = [token_rewards.shape, mask.shape] + ([] if values is None else [values.shape])
+    if token_rewards.dim() != 2 or any(shape != token_rewards.shape for shape in shapes):
+        detail = f"token_rewards {tuple(token_rewards.shape)}, mask {tuple(mask.shape)}"
+        detail += "" if values is None else f", values {tuple(values.shape)}"
+        raise ValueError(f"{detail} must share one [N, T] shape")
+
+
+@register_advantage_estimator("grpo")
+def grpo_estimator(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    values: Tensor | None = None,
+    scale: str = "group",
+    **extra: Any,
+) -> tuple[Tensor, None]:
+    """The registered ``grpo`` estimator: :func:`grpo_advantages` of each row's reward on its valid tokens.
+
+    Args:
+        token_rewards: ``[N, T]``; a row's reward is its sum (the outcome reward sits at its last valid token).
+        mask: ``[N, T]`` bool.
+        group_size: samples per prompt; rows are consecutive groups.
+        values: not read (GRPO has no critic).
+        scale: ``group``, ``batch`` or ``none``, see :func:`grpo_advantages`.
+        extra: other advantage options, not read.
+
+    Returns:
+        ``(advantages, None)``: the sequence's advantage on each valid token, 0 at invalid positions.
+    """
+    _check_token_shapes(token_rewards, mask)
+    mask = as_bool_mask(mask)
+    per_sequence = grpo_advantages(token_rewards.sum(dim=-1), group_size, scale=scale)
+    advantages = torch.where(mask, per_sequence.unsqueeze(-1), per_sequence.new_zeros(()))
+    return advantages, None
+
+
+@register_advantage_estimator("gae", needs_values=True)
+def gae_estimator(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    values: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten_advantages: bool = True,
+    **extra: Any,
+) -> tuple[Tensor, Tensor]:
+    """The registered ``gae`` estimator (PPO): :func:`gae_advantages`, whitened over the batch if asked.
+
+    Args:
+        token_rewards: ``[N, T]`` token-level rewards.
+        mask: ``[N, T]`` bool.
+        group_size: not read (GAE does not group).
+        values: critic values ``[N, T]`` (required).
+        gamma: discount in [0, 1].
+        lam: GAE lambda in [0, 1].
+        whiten_advantages: :func:`whiten` the advantages over the valid tokens of the batch.
+        extra: other advantage options, not read.
+
+    Returns:
+        ``(advantages, returns)``, each ``[N, T]``; returns are the un-whitened advantages plus values.
+    """
+    if values is None:
+        raise ValueError("the gae advantage estimator needs the critic's values (model.algorithm: ppo)")
+    _check_token_shapes(token_rewards, mask, values)
+    advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return advantages, returns

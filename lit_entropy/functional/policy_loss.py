@@ -7,13 +7,14 @@ vanilla GRPO = ``seq-mean-token-mean``, DAPO = ``token-mean`` (the default), Dr.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from lit_entropy.functional.checks import check_choice, check_number
 from lit_entropy.functional.masked import as_bool_mask, compute_dtype, masked_mean, masked_sum
+from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -25,6 +26,7 @@ __all__ = [
     "clipped_token_masks",
     "loss_normalizer_count",
     "policy_loss",
+    "ppo_policy_loss",
     "value_loss",
 ]
 
@@ -281,6 +283,39 @@ def policy_loss(
             ratio_mean=masked_mean(r, mask),
         )
     return loss, stats
+
+
+@register_policy_loss("ppo")
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_mode: str,
+    normalizer: float | Tensor | None,
+    loss_scale_factor: float | None,
+    **extra: Any,
+) -> tuple[Tensor, PolicyLossStats]:
+    """The registered ``ppo`` policy loss: :func:`policy_loss` with the registry's signature.
+
+    ``extra`` (``response_mask``, ...) is not read: the clipped surrogate is per token over ``mask``.
+    """
+    return policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=loss_agg_mode,
+        normalizer=normalizer,
+        loss_scale_factor=loss_scale_factor,
+    )
 
 
 def value_loss(

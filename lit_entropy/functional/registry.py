@@ -1,0 +1,191 @@
+"""Policy losses and advantage estimators chosen by name (as verl's ``core_algos`` registries).
+
+A new loss or estimator is one decorated function: registering it makes its name valid in
+``model.loss.policy_loss`` / ``model.advantages.estimator``, in ``--help`` and in the error that
+refuses an unknown name, with no other edit.
+
+Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
+
+- policy loss: ``(logprobs, old_logprobs, advantages, mask, *, clip_ratio_low, clip_ratio_high,
+  clip_ratio_c, loss_agg_mode, normalizer, loss_scale_factor, **extra) -> (loss, PolicyLossStats)``.
+  ``mask`` is the loss mask (the response mask narrowed by callbacks); ``extra`` holds at least
+  ``response_mask`` (every valid response token, e.g. for sequence-level ratios). A loss ignores the
+  extras it does not read.
+- advantage estimator: ``(token_rewards, mask, *, group_size, values=None, **extra) -> (advantages,
+  returns | None)``; ``token_rewards`` ``[N, T]`` holds each sequence's reward at its last valid token
+  (:func:`outcome_token_rewards`), rows are consecutive groups of ``group_size`` samples of one prompt,
+  ``values`` ``[N, T]`` are the critic's (given only to estimators registered with
+  ``needs_values=True``), advantages ``[N, T]``. ``extra`` carries every advantage option of the
+  settings (``scale``; under PPO ``gamma``, ``lam``, ``whiten``); an estimator reads what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+from lit_entropy.functional.masked import as_bool_mask
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "Registry",
+    "UnknownNameError",
+    "estimator_needs_values",
+    "outcome_token_rewards",
+    "register_advantage_estimator",
+    "register_policy_loss",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A name no function is registered under. A ``KeyError`` (lookup) and a ``ValueError`` (a bad setting)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(Generic[F]):
+    """Functions by name, in registration order.
+
+    Args:
+        kind: what the functions are, for messages (``"policy loss"``).
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._functions: dict[str, F] = {}
+        self._attributes: dict[str, dict[str, Any]] = {}
+
+    def register(self, name: str, **attributes: Any) -> Callable[[F], F]:
+        """Decorator registering a function under ``name`` (with optional ``attributes``); returns it unchanged.
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string, or is already registered.
+        """
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise ValueError(f"a {self.kind} name must be a non-empty string without surrounding spaces, got {name!r}")
+        if name in self._functions:
+            taken = self._functions[name]
+            raise ValueError(
+                f"a {self.kind} named {name!r} is already registered ({taken.__module__}.{taken.__qualname__}); "
+                "pick another name"
+            )
+
+        def decorator(function: F) -> F:
+            if not callable(function):
+                raise TypeError(f"only a callable can be registered as a {self.kind}, got {function!r}")
+            if name in self._functions:  # registered between the call and the decoration
+                raise ValueError(f"a {self.kind} named {name!r} is already registered")
+            self._functions[name] = function
+            self._attributes[name] = dict(attributes)
+            return function
+
+        return decorator
+
+    def unregister(self, name: str) -> F:
+        """Remove ``name`` and return its function (tests and notebooks that re-register)."""
+        function = self[name]
+        del self._functions[name]
+        del self._attributes[name]
+        return function
+
+    def names(self) -> tuple[str, ...]:
+        """The registered names, in registration order."""
+        return tuple(self._functions)
+
+    def attributes(self, name: str) -> dict[str, Any]:
+        """The attributes ``name`` was registered with (a copy)."""
+        self[name]
+        return dict(self._attributes[name])
+
+    def check(self, setting: str, value: Any) -> str:
+        """Return ``value`` if it is a registered name, else raise naming ``setting``, the value and the names.
+
+        Raises:
+            UnknownNameError: ``value`` is not registered.
+        """
+        if not isinstance(value, str) or value not in self._functions:
+            raise UnknownNameError(
+                f"{setting} must be a registered {self.kind}, one of {self.names()}, got {value!r}{self._hint}"
+            )
+        return value
+
+    @property
+    def _hint(self) -> str:
+        return f" (add one with @lit_entropy.functional.register_{self.kind.replace(' ', '_')}(name))"
+
+    def __getitem__(self, name: str) -> F:
+        if name not in self._functions:
+            raise UnknownNameError(f"no {self.kind} is registered as {name!r}; registered: {self.names()}{self._hint}")
+        return self._functions[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._functions
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._functions)
+
+    def __len__(self) -> int:
+        return len(self._functions)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"
+
+
+POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Any]]] = Registry("policy loss")
+"""Policy losses by name (``model.loss.policy_loss``); see the module docstring for the signature."""
+
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Registry("advantage estimator")
+"""Advantage estimators by name (``model.advantages.estimator``); see the module docstring for the signature."""
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`."""
+    return POLICY_LOSSES.register(name)
+
+
+def register_advantage_estimator(name: str, *, needs_values: bool = False) -> Callable[[F], F]:
+    """Decorator: register an advantage estimator under ``name`` in :data:`ADVANTAGE_ESTIMATORS`.
+
+    Args:
+        name: the name ``model.advantages.estimator`` takes.
+        needs_values: the estimator reads a critic's ``values`` (and returns the critic's targets), so
+            it runs only with ``model.algorithm: ppo``.
+    """
+    if not isinstance(needs_values, bool):
+        raise TypeError(f"needs_values must be a bool, got {needs_values!r}")
+    return ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values)
+
+
+def estimator_needs_values(name: str) -> bool:
+    """Whether the advantage estimator ``name`` was registered with ``needs_values=True``."""
+    return bool(ADVANTAGE_ESTIMATORS.attributes(name).get("needs_values", False))
+
+
+def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Token-level rewards ``[N, T]`` holding each sequence's reward at its last valid token, 0 elsewhere.
+
+    A row without any valid token keeps its reward at position ``T - 1`` (so an outcome estimator
+    that sums the row still sees it; estimators that read only valid tokens ignore it).
+
+    Args:
+        rewards: ``[N]`` one reward per sequence.
+        mask: ``[N, T]`` bool, True = valid response token.
+
+    Returns:
+        ``[N, T]`` of ``rewards``' dtype.
+    """
+    if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rewards {tuple(rewards.shape)} must be [N] and mask {tuple(mask.shape)} [N, T]")
+    mask = as_bool_mask(mask)
+    width = mask.shape[1]
+    # argmax of the reversed mask finds the last True; an all-False row gives 0, i.e. position T - 1.
+    last = width - 1 - mask.flip(-1).to(torch.int8).argmax(dim=-1)
+    out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
+    return out.scatter(1, last.unsqueeze(-1), rewards.unsqueeze(-1))

@@ -1,0 +1,283 @@
+"""Sum-or-difference forking study (issue 24, experiment C): GRPO vs Clip_B vs a count-matched random mask.
+
+The design, endpoint and decision rule are fixed in ``scripts/forking/experiments/sod/PREREGISTRATION.md``
+(committed before the first run). Each run trains one arm from the task's base model
+(``scripts/make_sod_model.py``) with one RL seed and evaluates the policy exactly on the 150 test prompts
+every ``EVAL_EVERY`` steps at T = 1.0: every prompt has one or two correct responses, so the probability p that
+one sample is correct is the sum of their sequence probabilities (teacher forcing), avg@k = p and
+pass@k = 1 - (1 - p)^k exactly. Per run it writes ``<exp>/per_run/<run>/{eval.csv,train.csv,done.json}``
+(committed: small); a finished run is skipped, so the study resumes from what is committed.
+
+    python scripts/forking_sod.py --status                       # which runs are done, which remain
+    nice -n 19 python scripts/forking_sod.py --run               # run what remains (resumable; several workers ok)
+    python scripts/forking_sod.py --analyze --update-readme      # tables, verdict, README block
+
+Arms: ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every step, as many random A < 0 tokens as the Clip_B
+run of the same seed masked at that step: needs that run first); ``replay_role`` (the same count per token
+role); ``grpo_null`` (GRPO with another data-order seed: the null calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = ROOT / "scripts" / "forking" / "experiments" / "sod"
+CONFIGS = ROOT / "configs" / "forking"
+#: Arm -> method overlay on configs/forking/base.yaml + sod.yaml.
+ARMS = {"grpo": "grpo.yaml", "clip_b": "clip_b.yaml", "replay_mask": "grpo.yaml", "replay_role": "grpo.yaml",
+        "grpo_null": "grpo.yaml"}
+PRIMARY_ARMS = ("grpo", "clip_b", "replay_mask")
+SEEDS = (0, 1, 2, 3, 4, 5, 6, 7)
+STEPS = 400
+EVAL_EVERY = 40
+NULL_DATA_SEED_OFFSET = 1000
+#: Paths whose last commit is the code revision a run records (results commits do not change it).
+CODE_PATHS = ("lit_entropy", "configs/forking", "scripts/forking_sod.py", "scripts/forking_controls.py")
+
+
+def run_name(arm: str, seed: int) -> str:
+    return f"{arm}__s{seed}"
+
+
+def code_revision() -> str:
+    """Last commit that touched :data:`CODE_PATHS`, with ``+dirty`` when they have uncommitted changes
+    (``FORKING_CODE_REV`` where the copy has no git history, e.g. on another machine)."""
+    if os.environ.get("FORKING_CODE_REV"):
+        return os.environ["FORKING_CODE_REV"]
+    rev = subprocess.run(["git", "log", "-1", "--format=%h", "--", *CODE_PATHS], cwd=ROOT, capture_output=True,
+                         text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE_PATHS], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return rev + ("+dirty" if dirty else "")
+
+
+def cli_args(arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
+    data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
+    return [
+        "--config", str(CONFIGS / "base.yaml"), "--config", str(CONFIGS / "sod.yaml"),
+        "--config", str(CONFIGS / ARMS[arm]),
+        f"--seed_everything={seed}", f"--trainer.max_steps={steps}", f"--data.seed={data_seed}",
+        f"--trainer.default_root_dir={run_dir}", "--val_before_train=false",
+        f"--model.policy.model_name_or_path={EXP / 'model'}", f"--data.train_dataset={EXP / 'data' / 'train.jsonl'}",
+    ]
+
+
+def test_rows() -> list[dict[str, str]]:
+    path = EXP / "data" / "test.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@torch.no_grad()
+def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -> list[dict[str, Any]]:
+    """One row per test prompt: log p(correct) (log-sum over the correct responses) and log p(first token = R)."""
+    was_training = policy.training
+    policy.eval()
+    rows = test_rows()
+    seqs, starts, owner = [], [], []
+    for i, r in enumerate(rows):
+        p = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        for answer in r["answer"].split("|"):
+            seqs.append(p + tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            starts.append(len(p))
+            owner.append(i)
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, seq in enumerate(seqs):  # right padding: positions start at 0 on every row
+        ids[i, : len(seq)] = torch.tensor(seq)
+        att[i, : len(seq)] = 1
+    logp = torch.log_softmax(policy(input_ids=ids, attention_mask=att, use_cache=False).logits.double() / temperature,
+                             -1)
+    r_id = tokenizer.convert_tokens_to_ids("R")
+    total = [[] for _ in rows]
+    first_r = [0.0] * len(rows)
+    for j, (seq, start, i) in enumerate(zip(seqs, starts, owner, strict=True)):
+        tok = ids[j, start : len(seq)]
+        total[i].append(logp[j, start - 1 : len(seq) - 1].gather(-1, tok[:, None]).sum())
+        first_r[i] = float(logp[j, start - 1, r_id])
+    policy.train(was_training)
+    return [{"step": step, "temperature": temperature, "prompt": r["prompt"], "class": r["class"],
+             "logp": f"{float(torch.logsumexp(torch.stack(t), 0)):.6g}", "logp_R": f"{lr:.6g}"}
+            for r, t, lr in zip(rows, total, first_r, strict=True)]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def train_one(arm: str, seed: int, steps: int, eval_every: int, exp: Path) -> None:
+    from lit_entropy.cli import cli_main
+
+    run_dir = exp / "per_run" / run_name(arm, seed)
+    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / run_name(arm, seed)
+    cli = cli_main(args=cli_args(arm, seed, steps, scratch), run=False)
+    eval_rows: list[dict[str, Any]] = []
+
+    def on_step(step: int, pl_module: Any) -> None:
+        if step % eval_every == 0 or step == steps:
+            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, step))
+
+    recorder = RoleRecorder(on_step)
+    cli.trainer.callbacks.append(recorder)
+    replay = None
+    if arm.startswith("replay"):
+        source = exp / "per_run" / run_name("clip_b", seed) / "train.csv"
+        if not source.exists():
+            raise FileNotFoundError(f"{arm} replays {source}: run clip_b seed {seed} first")
+        replay = ReplayedCountMasking(read_counts(source), by_role=arm == "replay_role", seed=seed)
+        cli.trainer.callbacks.append(replay)
+    t0 = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    seconds = time.perf_counter() - t0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(run_dir / "eval.csv", eval_rows)
+    write_csv(run_dir / "train.csv", recorder.rows)
+    done = {"seconds": round(seconds, 1), "steps": steps, "code_revision": code_revision(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "replay_shortfall": None if replay is None else replay.shortfall}
+    (run_dir / "done.json").write_text(json.dumps(done) + "\n")
+
+
+def planned(arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[tuple[str, int]]:
+    """Seed-major, and Clip_B before the replay arms of its seed (they read its counts)."""
+    order = sorted(arms, key=lambda a: (a.startswith("replay"), list(ARMS).index(a)))
+    return [(a, s) for s in seeds for a in order]
+
+
+def claim(run_dir: Path) -> bool:
+    """Claim a run for this process (``claim`` holds the PID; a dead owner's claim is taken over)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "claim"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or "0"), 0)
+            return False
+        except (ProcessLookupError, ValueError):
+            path.unlink(missing_ok=True)
+            return claim(run_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def status(exp: Path, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
+    for arm, seed in planned(arms, seeds):
+        d = exp / "per_run" / run_name(arm, seed)
+        if (d / "done.json").exists():
+            info = json.loads((d / "done.json").read_text())
+            state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
+        else:
+            state = "claimed (running?)" if (d / "claim").exists() else "todo"
+        print(f"{run_name(arm, seed):20s} {state}")
+
+
+def execute(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
+    for arm, seed in planned(arms, seeds):
+        d = args.exp / "per_run" / run_name(arm, seed)
+        if (d / "done.json").exists():
+            continue
+        if arm.startswith("replay") and not (args.exp / "per_run" / run_name("clip_b", seed) / "done.json").exists():
+            print(f"[forking_sod] skip {run_name(arm, seed)}: clip_b s{seed} not done", flush=True)
+            continue
+        if not claim(d):
+            continue
+        t0 = time.perf_counter()
+        train_one(arm, seed, args.steps, args.eval_every, args.exp)
+        (d / "claim").unlink(missing_ok=True)
+        print(f"[forking_sod] {run_name(arm, seed)} done in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
+    """Run the remaining runs in ``args.workers`` single-thread subprocesses; a replay run starts once its Clip_B
+    run is done. No run starts after ``args.deadline`` seconds; runs still going at ``args.deadline + grace`` are
+    killed (their claims are cleared, so ``--status`` lists them as todo)."""
+    t0, running = time.perf_counter(), {}
+    todo = sorted(planned(arms, seeds), key=lambda r: (list(ARMS).index(r[0]), r[1]))
+    todo = [r for r in todo if not (args.exp / "per_run" / run_name(*r) / "done.json").exists()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    while todo or running:
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                print(f"[pool] {run_name(*key)} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
+        elapsed = time.perf_counter() - t0
+        if elapsed > args.deadline + args.grace:
+            for key, proc in running.items():
+                proc.kill()
+                (args.exp / "per_run" / run_name(*key) / "claim").unlink(missing_ok=True)
+                print(f"[pool] killed {run_name(*key)} at the deadline", flush=True)
+            return
+        ready = [r for r in todo if not r[0].startswith("replay")
+                 or (args.exp / "per_run" / run_name("clip_b", r[1]) / "done.json").exists()]
+        while ready and len(running) < args.workers and elapsed < args.deadline:
+            arm, seed = ready.pop(0)
+            todo.remove((arm, seed))
+            cmd = [sys.executable, __file__, "--run", "--exp", str(args.exp), "--arms", arm, "--seeds", str(seed),
+                   "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
+            log = (args.exp / "logs").joinpath(f"{run_name(arm, seed)}.log")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            running[(arm, seed)] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        if not running and (not ready or elapsed >= args.deadline):
+            return
+        time.sleep(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--exp", type=Path, default=EXP)
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    p.add_argument("--status", action="store_true")
+    p.add_argument("--run", action="store_true")
+    p.add_argument("--analyze", action="store_true")
+    p.add_argument("--update-readme", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=0, help="with --run: this many subprocesses (0: in-process)")
+    p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
+    p.add_argument("--grace", type=float, default=0.0, help="with --workers: kill runs at deadline + grace (s)")
+    args = p.parse_args(argv)
+    arms = tuple(a for a in args.arms.split(",") if a)
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"--arms has unknown arms {unknown}; choose from {sorted(ARMS)}")
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
+    if args.status:
+        status(args.exp, arms, seeds)
+    if args.run:
+        (pool if args.workers else execute)(args, arms, seeds)
+    if args.analyze or args.update_readme:
+        from forking_sod_analysis import analyze
+
+        analyze(args.exp, update_readme=args.update_readme)
+
+
+if __name__ == "__main__":
+    main()

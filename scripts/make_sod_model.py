@@ -1,0 +1,116 @@
+"""Build the base model and RL data of the sum-or-difference forking task (``lit_entropy.data.sum_or_difference``).
+
+A tiny Qwen2 (2 layers, hidden 128, ~0.3M parameters, char tokenizer) is supervised on train-split responses
+whose strategy is ``L`` with probability ``SOD_BASE_PRIOR_L`` (0.75) *whatever the rule*, arithmetic always
+right, and stopped at the first check where sampled (T = 1) validation responses are a correct execution of
+their own strategy at least ``--target`` of the time: it executes both strategies, imperfectly, and has not
+learnt the rule. Writes ``<out>/model`` and ``<out>/data/{train,validation,test}.jsonl``.
+
+    python scripts/make_sod_model.py --out scripts/forking/experiments/sod      # ~2 min at 1 thread
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
+
+from lit_entropy.data.char_tokenizer import build_char_tokenizer
+from lit_entropy.data.forking import write_splits
+from lit_entropy.data.sum_or_difference import (
+    SOD_ALPHABET,
+    SOD_BASE_PRIOR_L,
+    SOD_SPLITS,
+    make_sod_examples,
+    parse_prompt,
+    strategy_response,
+)
+from lit_entropy.models.tiny import build_qwen2
+
+MAX_NEW_TOKENS = 10  # longest response "L99+9=108" is 9 tokens, then <eos>
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="experiment directory: model/ and data/")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-steps", type=int, default=4000)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--target", type=float, default=0.86, help="stop at this sampled self-consistency")
+    return p.parse_args(argv)
+
+
+@torch.no_grad()
+def sampled_stats(model, tokenizer, rows: list[dict[str, str]], samples: int, seed: int) -> dict[str, float]:
+    """Self-consistency (a sample is its own strategy executed right), task accuracy and P(L) at T = 1."""
+    model.eval()
+    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    out = model.generate(
+        **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS,
+        num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model.train()
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    own = right = n_l = 0
+    for i, t in enumerate(texts):
+        row = rows[i // samples]
+        a, b = parse_prompt(row["prompt"])
+        own += t[:1] in "LR" and bool(t) and t == strategy_response(t[0], a, b)
+        right += t in row["answer"].split("|")
+        n_l += t[:1] == "L"
+    n = len(texts)
+    return {"self_consistency": own / n, "task_acc": right / n, "p_L": n_l / n}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    tokenizer = build_char_tokenizer(SOD_ALPHABET, model_max_length=32)
+    write_splits(args.out / "data", {s: make_sod_examples(s) for s in SOD_SPLITS})
+    sft = make_sod_examples("train", seed=1000 + args.seed, prior_l=SOD_BASE_PRIOR_L, n=200_000)
+    val = make_sod_examples("validation")
+    model = build_qwen2(tokenizer, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
+                        num_kv_heads=1, seed=args.seed, max_new_tokens=MAX_NEW_TOKENS)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    rng = random.Random(args.seed)
+    step, stats = 0, {}
+    while step < args.max_steps:
+        batch = make_batch([sft[rng.randrange(len(sft))] for _ in range(args.batch_size)], tokenizer)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        if step % args.eval_every == 0:
+            stats = sampled_stats(model, tokenizer, val, samples=8, seed=args.seed)
+            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
+            print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
+            if stats["self_consistency"] >= args.target:
+                break
+    out = args.out / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    report = {"seed": args.seed, "params": sum(p.numel() for p in model.parameters()), "sft_steps": step,
+              "seconds": round(time.perf_counter() - t0, 1), **{f"val_{k}": round(v, 4) for k, v in stats.items()}}
+    for f in out.iterdir():  # safetensors writes 0600
+        f.chmod(0o644)
+    (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -102,7 +102,8 @@ class RoleRecorder(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
         reward = trainer.callback_metrics.get("train/reward/mean")
-        self.rows.append({"step": step, "reward_mean": float(reward) if reward is not None else math.nan,
-                          **self._pending})
+        self.rows.append(
+            {"step": step, "reward_mean": float(reward) if reward is not None else math.nan, **self._pending}
+        )
         if self.on_step is not None:
             self.on_step(step, pl_module)

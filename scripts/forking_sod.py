@@ -38,8 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXP = ROOT / "scripts" / "forking" / "experiments" / "sod"
 CONFIGS = ROOT / "configs" / "forking"
 #: Arm -> method overlay on configs/forking/base.yaml + sod.yaml.
-ARMS = {"grpo": "grpo.yaml", "clip_b": "clip_b.yaml", "replay_mask": "grpo.yaml", "replay_role": "grpo.yaml",
-        "grpo_null": "grpo.yaml"}
+ARMS = {
+    "grpo": "grpo.yaml",
+    "clip_b": "clip_b.yaml",
+    "replay_mask": "grpo.yaml",
+    "replay_role": "grpo.yaml",
+    "grpo_null": "grpo.yaml",
+}
 PRIMARY_ARMS = ("grpo", "clip_b", "replay_mask")
 SEEDS = (0, 1, 2, 3, 4, 5, 6, 7)
 STEPS = 400
@@ -58,21 +63,34 @@ def code_revision() -> str:
     (``FORKING_CODE_REV`` where the copy has no git history, e.g. on another machine)."""
     if os.environ.get("FORKING_CODE_REV"):
         return os.environ["FORKING_CODE_REV"]
-    rev = subprocess.run(["git", "log", "-1", "--format=%h", "--", *CODE_PATHS], cwd=ROOT, capture_output=True,
-                         text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE_PATHS], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    rev = (
+        subprocess.run(
+            ["git", "log", "-1", "--format=%h", "--", *CODE_PATHS], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", *CODE_PATHS], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return rev + ("+dirty" if dirty else "")
 
 
 def cli_args(arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
     data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
     return [
-        "--config", str(CONFIGS / "base.yaml"), "--config", str(CONFIGS / "sod.yaml"),
-        "--config", str(CONFIGS / ARMS[arm]),
-        f"--seed_everything={seed}", f"--trainer.max_steps={steps}", f"--data.seed={data_seed}",
-        f"--trainer.default_root_dir={run_dir}", "--val_before_train=false",
-        f"--model.policy.model_name_or_path={EXP / 'model'}", f"--data.train_dataset={EXP / 'data' / 'train.jsonl'}",
+        "--config",
+        str(CONFIGS / "base.yaml"),
+        "--config",
+        str(CONFIGS / "sod.yaml"),
+        "--config",
+        str(CONFIGS / ARMS[arm]),
+        f"--seed_everything={seed}",
+        f"--trainer.max_steps={steps}",
+        f"--data.seed={data_seed}",
+        f"--trainer.default_root_dir={run_dir}",
+        "--val_before_train=false",
+        f"--model.policy.model_name_or_path={EXP / 'model'}",
+        f"--data.train_dataset={EXP / 'data' / 'train.jsonl'}",
     ]
 
 
@@ -100,8 +118,9 @@ def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -
     for i, seq in enumerate(seqs):  # right padding: positions start at 0 on every row
         ids[i, : len(seq)] = torch.tensor(seq)
         att[i, : len(seq)] = 1
-    logp = torch.log_softmax(policy(input_ids=ids, attention_mask=att, use_cache=False).logits.double() / temperature,
-                             -1)
+    logp = torch.log_softmax(
+        policy(input_ids=ids, attention_mask=att, use_cache=False).logits.double() / temperature, -1
+    )
     r_id = tokenizer.convert_tokens_to_ids("R")
     total = [[] for _ in rows]
     first_r = [0.0] * len(rows)
@@ -110,9 +129,17 @@ def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -
         total[i].append(logp[j, start - 1 : len(seq) - 1].gather(-1, tok[:, None]).sum())
         first_r[i] = float(logp[j, start - 1, r_id])
     policy.train(was_training)
-    return [{"step": step, "temperature": temperature, "prompt": r["prompt"], "class": r["class"],
-             "logp": f"{float(torch.logsumexp(torch.stack(t), 0)):.6g}", "logp_R": f"{lr:.6g}"}
-            for r, t, lr in zip(rows, total, first_r, strict=True)]
+    return [
+        {
+            "step": step,
+            "temperature": temperature,
+            "prompt": r["prompt"],
+            "class": r["class"],
+            "logp": f"{float(torch.logsumexp(torch.stack(t), 0)):.6g}",
+            "logp_R": f"{lr:.6g}",
+        }
+        for r, t, lr in zip(rows, total, first_r, strict=True)
+    ]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -151,9 +178,14 @@ def train_one(arm: str, seed: int, steps: int, eval_every: int, exp: Path) -> No
     run_dir.mkdir(parents=True, exist_ok=True)
     write_csv(run_dir / "eval.csv", eval_rows)
     write_csv(run_dir / "train.csv", recorder.rows)
-    done = {"seconds": round(seconds, 1), "steps": steps, "code_revision": code_revision(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "replay_shortfall": None if replay is None else replay.shortfall}
+    done = {
+        "seconds": round(seconds, 1),
+        "steps": steps,
+        "code_revision": code_revision(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "replay_shortfall": None if replay is None else replay.shortfall,
+    }
     (run_dir / "done.json").write_text(json.dumps(done) + "\n")
 
 
@@ -228,13 +260,29 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
                 (args.exp / "per_run" / run_name(*key) / "claim").unlink(missing_ok=True)
                 print(f"[pool] killed {run_name(*key)} at the deadline", flush=True)
             return
-        ready = [r for r in todo if not r[0].startswith("replay")
-                 or (args.exp / "per_run" / run_name("clip_b", r[1]) / "done.json").exists()]
+        ready = [
+            r
+            for r in todo
+            if not r[0].startswith("replay") or (args.exp / "per_run" / run_name("clip_b", r[1]) / "done.json").exists()
+        ]
         while ready and len(running) < args.workers and elapsed < args.deadline:
             arm, seed = ready.pop(0)
             todo.remove((arm, seed))
-            cmd = [sys.executable, __file__, "--run", "--exp", str(args.exp), "--arms", arm, "--seeds", str(seed),
-                   "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--run",
+                "--exp",
+                str(args.exp),
+                "--arms",
+                arm,
+                "--seeds",
+                str(seed),
+                "--steps",
+                str(args.steps),
+                "--eval-every",
+                str(args.eval_every),
+            ]
             log = (args.exp / "logs").joinpath(f"{run_name(arm, seed)}.log")
             log.parent.mkdir(parents=True, exist_ok=True)
             running[(arm, seed)] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)

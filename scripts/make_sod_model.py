@@ -55,8 +55,15 @@ def sampled_stats(model, tokenizer, rows: list[dict[str, str]], samples: int, se
     enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
     out = model.generate(
-        **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS,
-        num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=MAX_NEW_TOKENS,
+        num_return_sequences=samples,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     model.train()
     texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -79,8 +86,16 @@ def main(argv: list[str] | None = None) -> None:
     write_splits(args.out / "data", {s: make_sod_examples(s) for s in SOD_SPLITS})
     sft = make_sod_examples("train", seed=1000 + args.seed, prior_l=SOD_BASE_PRIOR_L, n=200_000)
     val = make_sod_examples("validation")
-    model = build_qwen2(tokenizer, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
-                        num_kv_heads=1, seed=args.seed, max_new_tokens=MAX_NEW_TOKENS)
+    model = build_qwen2(
+        tokenizer,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        seed=args.seed,
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
     rng = random.Random(args.seed)
@@ -104,8 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    report = {"seed": args.seed, "params": sum(p.numel() for p in model.parameters()), "sft_steps": step,
-              "seconds": round(time.perf_counter() - t0, 1), **{f"val_{k}": round(v, 4) for k, v in stats.items()}}
+    report = {
+        "seed": args.seed,
+        "params": sum(p.numel() for p in model.parameters()),
+        "sft_steps": step,
+        "seconds": round(time.perf_counter() - t0, 1),
+        **{f"val_{k}": round(v, 4) for k, v in stats.items()},
+    }
     for f in out.iterdir():  # safetensors writes 0600
         f.chmod(0o644)
     (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -76,8 +76,21 @@ def test_evaluate_matches_token_by_token_probabilities():
 
 def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
     sod = _load("forking_sod")
-    sod.main(["--exp", str(tmp_path), "--run", "--arms", "clip_b,replay_mask", "--seeds", "0", "--steps", "2",
-              "--eval-every", "1"])
+    sod.main(
+        [
+            "--exp",
+            str(tmp_path),
+            "--run",
+            "--arms",
+            "clip_b,replay_mask",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--eval-every",
+            "1",
+        ]
+    )
     runs = {name: tmp_path / "per_run" / f"{name}__s0" for name in ("clip_b", "replay_mask")}
     train = {k: list(csv.DictReader((d / "train.csv").open())) for k, d in runs.items()}
     for a, b in zip(train["clip_b"], train["replay_mask"], strict=True):

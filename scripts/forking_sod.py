@@ -245,7 +245,8 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
     run is done. No run starts after ``args.deadline`` seconds; runs still going at ``args.deadline + grace`` are
     killed (their claims are cleared, so ``--status`` lists them as todo)."""
     t0, running = time.perf_counter(), {}
-    todo = sorted(planned(arms, seeds), key=lambda r: (list(ARMS).index(r[0]), r[1]))
+    # Primary arms seed by seed first, so a study cut short has whole seeds of the primary comparison.
+    todo = sorted(planned(arms, seeds), key=lambda r: (r[0] not in PRIMARY_ARMS, r[1], list(ARMS).index(r[0])))
     todo = [r for r in todo if not (args.exp / "per_run" / run_name(*r) / "done.json").exists()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     while todo or running:

@@ -175,6 +175,9 @@ def train_one(arm: str, seed: int, steps: int, eval_every: int, exp: Path) -> No
     t0 = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seconds = time.perf_counter() - t0
+    if int(cli.trainer.global_step) != steps or len(recorder.rows) != steps:
+        # Lightning ends fit() quietly on SIGTERM: an interrupted run must not be marked done.
+        raise RuntimeError(f"{run_name(arm, seed)} stopped at step {cli.trainer.global_step} of {steps}; not done")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_csv(run_dir / "eval.csv", eval_rows)
     write_csv(run_dir / "train.csv", recorder.rows)

@@ -65,7 +65,6 @@ import contextlib
 import io
 import json
 import logging
-import math
 import os
 import resource
 import statistics
@@ -86,6 +85,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))  # so ``bench_step:hashed_coin_reward`` resolves as a reward path
+
+from lit_entropy.reporting.statistics import t_interval  # noqa: E402  (needs the repository on sys.path)
 
 __all__ = [
     "LIT_VARIANTS",
@@ -627,40 +628,6 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     result = {"run": asdict(run), "peak_rss_mib": _rss_peak_mib(), "settings": asdict(settings)}
     args.json.write_text(json.dumps(result))
     return result
-
-
-def t_quantile(q: float, df: int) -> float:
-    """Quantile ``q`` in (0.5, 1) of Student's t with ``df`` degrees of freedom (no SciPy needed).
-
-    Bisection on the CDF ``1/2 + integral_0^x pdf``, the integral by composite Simpson on 2000 intervals
-    (accurate to ~1e-6 for the quantiles a confidence interval uses).
-    """
-    if not (0.5 < q < 1) or df < 1:
-        raise ValueError(f"t_quantile needs 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float, n: int = 2000) -> float:
-        h = x / n
-        pdf = lambda t: math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))  # noqa: E731
-        inner = sum((4 if i % 2 else 2) * pdf(i * h) for i in range(1, n))
-        return 0.5 + h / 3 * (pdf(0.0) + inner + pdf(x))
-
-    low, high = 0.0, 1.0
-    while cdf(high) < q:
-        high *= 2
-    for _ in range(50):
-        mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < q else (low, mid)
-    return (low + high) / 2
-
-
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and two-sided Student-t confidence interval of ``values`` (needs >= 2 values)."""
-    if len(values) < 2:
-        raise ValueError(f"a confidence interval needs >= 2 values, got {len(values)}")
-    mean = statistics.fmean(values)
-    half = t_quantile(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
 
 
 def summarize_realistic(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
+from lit_entropy.reporting.statistics import t_interval
 from lit_entropy.step import response_logits
 
 __all__ = ["main", "parse_args", "run"]
@@ -384,52 +385,6 @@ def _fit(
     return recorder, module
 
 
-# Two-sided 95 % quantile of Student's t by degrees of freedom (1..30); larger df use the normal 1.96.
-T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-
-
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean of ``values`` and its 95 % Student-t interval (NaN bounds for fewer than two values)."""
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
 def _masking_run(args: argparse.Namespace, probe_batch: dict[str, Any], seed: int, signs: tuple) -> dict[str, Any]:
     """One selective-masking condition (``signs`` = advantage sign, S sign, predicted direction) at one seed."""
     adv_sign, s_sign, expected = signs
@@ -464,8 +419,8 @@ def summarize_masking(runs: list[dict[str, Any]], expected: str) -> dict[str, An
         "seeds": len(runs),
         "holds": sum(r["direction_ok"] for r in runs),
         "holds_change": sum((c > 0) == up for c in changes),
-        "slope": t_interval(slopes),
-        "change": t_interval(changes),
+        "slope": tuple(t_interval(slopes)),  # (mean, low, high); NaN bounds below two seeds
+        "change": tuple(t_interval(changes)),
         "kept_mean": sum(kept) / max(len(kept), 1),
         "entropy_start": sum(r["entropy"][0] for r in runs) / len(runs),
         "entropy_end": sum(r["entropy"][-1] for r in runs) / len(runs),

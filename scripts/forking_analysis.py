@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
+from lit_entropy.reporting.statistics import Interval, bootstrap_interval
 
 __all__ = ["analyze", "paired_bootstrap", "per_prompt_metric", "readme_block", "replace_block"]
 
@@ -59,8 +60,9 @@ def _weighted(values: np.ndarray, classes: np.ndarray, weights: dict[str, float]
 
 def paired_bootstrap(
     diff: np.ndarray, classes: np.ndarray, weights: dict[str, float], draws: int, seed: int = 0
-) -> tuple[float, float, float]:
-    """Mean over seeds of the class-weighted mean of ``diff`` [seeds, prompts], and a 95 % percentile interval.
+) -> Interval:
+    """Mean over seeds of the class-weighted mean of ``diff`` [seeds, prompts], and a 95 % percentile interval
+    (an :class:`Interval` over ``n`` = seeds; it unpacks as ``point, lo, hi``).
 
     Each draw resamples the seeds with replacement and, within each class, the prompts with replacement.
     """
@@ -75,8 +77,7 @@ def paired_bootstrap(
         per_seed += w * diff[:, pick].mean(-1)  # [seeds, draws]
     seeds = rng.integers(0, diff.shape[0], size=(draws, diff.shape[0]))
     stats = per_seed[seeds, np.arange(draws)[:, None]].mean(-1)
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return point, float(lo), float(hi)
+    return bootstrap_interval(point, stats.tolist(), level=0.95, n=diff.shape[0])
 
 
 def _matrix(ev: pd.DataFrame, metric: str, seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,27 @@
 """What a run shows: the training dashboard (``train/*``, ``perf/*``), evaluation metrics (``val/*``), the
-HPARAMS tab and console lines."""
+HPARAMS tab, console lines, and the small-sample statistics reports and benchmarks quote.
 
-from lit_entropy.reporting.console import ConsoleMetrics
-from lit_entropy.reporting.dashboard import TagPlan, TrainDashboard
-from lit_entropy.reporting.evaluation import SampleEvaluator, evaluation_tags
-from lit_entropy.reporting.hparams import HParamsSummary
+Members load lazily, so that scripts can import ``lit_entropy.reporting.statistics`` without Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ConsoleMetrics": "lit_entropy.reporting.console",
+    "HParamsSummary": "lit_entropy.reporting.hparams",
+    "SampleEvaluator": "lit_entropy.reporting.evaluation",
+    "TagPlan": "lit_entropy.reporting.dashboard",
+    "TrainDashboard": "lit_entropy.reporting.dashboard",
+    "evaluation_tags": "lit_entropy.reporting.evaluation",
+}
 
 __all__ = ["ConsoleMetrics", "HParamsSummary", "SampleEvaluator", "TagPlan", "TrainDashboard", "evaluation_tags"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lit_entropy.reporting' has no attribute {name!r}")

@@ -27,16 +27,6 @@ def test_bad_flags_name_the_flag():
         script.parse_args(["--out", "x", "--sections", "az"])
 
 
-def test_t_interval_against_hand_values():
-    script = _load_script()
-    # mean 2, sd 1, n 3: half width t_{0.975, 2} / sqrt(3) = 4.303 / 1.732
-    mean, lo, hi = script.t_interval([1.0, 2.0, 3.0])
-    assert (mean, lo, hi) == pytest.approx((2.0, 2.0 - 2.48434, 2.0 + 2.48434), abs=1e-4)
-    # n 5, sd sqrt(2.5): t_{0.975, 4} = 2.776
-    assert script.t_interval([0.0, 1.0, 2.0, 3.0, 4.0])[2] == pytest.approx(2.0 + 2.776 * (2.5**0.5) / 5**0.5)
-    assert script.t_interval([0.5])[0] == 0.5
-
-
 def test_quick_run_writes_report_plots_and_numbers(tmp_path):
     pytest.importorskip("matplotlib")
     script = _load_script()

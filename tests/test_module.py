@@ -135,7 +135,7 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     if method:
         expected |= {"train/entropy_clip/frac", "train/entropy_clip/frac_neg", "train/entropy_clip/s_mean"}
         expected.add("train/entropy/kept")
-        if callbacks[0].num_masked:  # logged in the steps that masked a token
+        if callbacks[0].num_acted_on:  # logged in the steps that masked a token
             expected.add("train/entropy/masked")
     if method == "clip_v":
         expected.add("train/entropy_clip/centred_s_mean")
@@ -200,7 +200,7 @@ def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tm
         assert module.fuses_old_logprob_pass(16) is fuse
         weights.append({k: v.detach().clone() for k, v in module.policy.state_dict().items()})
         if method:
-            masked = callbacks[0].num_masked
+            masked = callbacks[0].num_acted_on
     fused, separate = weights
     from transformers import AutoModelForCausalLM
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
+from typing_extensions import override
 
-from lit_entropy.distributed.collectives import all_reduce_sum
+from lit_entropy.callbacks.base import TokenCallback
+from lit_entropy.functional.checks import check_flag
 from lit_entropy.functional.entropy import predicted_entropy_change
-from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
+from lit_entropy.protocol import TokenMaskContext
 
 __all__ = ["QUADRANTS", "EntropyDynamicsMonitor", "quadrant_sums"]
 
@@ -48,7 +49,7 @@ def quadrant_sums(
     return torch.stack(sums), torch.stack(counts)
 
 
-class EntropyDynamicsMonitor(Callback):
+class EntropyDynamicsMonitor(TokenCallback):
     """Per rollout batch: predicted entropy change by quadrant, and the realised change one batch later.
 
     A :class:`~lit_entropy.protocol.TokenMaskObserver`: it sees each rollout batch together with the
@@ -83,31 +84,23 @@ class EntropyDynamicsMonitor(Callback):
     required_fields = frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy"})
 
     def __init__(self, log_prefix: str = "train/dynamics", keep_history: bool = False) -> None:
-        self.log_prefix = log_prefix
-        self.keep_history = keep_history
+        super().__init__(log_prefix)
+        self.keep_history = check_flag("keep_history", keep_history)
         self.history: list[dict[str, float]] = []
-        self.num_batches = 0
         self.num_compared = 0
         self.num_agree = 0
         self.prev_entropy: float | None = None
         self.prev_predicted: float | None = None
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        check_token_masking_module(pl_module, self.required_fields, "EntropyDynamicsMonitor")
-
     def observe_keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
         """:class:`~lit_entropy.protocol.TokenMaskObserver`: predict over the tokens that stay in the loss."""
-        metrics = self.observe(context, keep)
-        log = getattr(pl_module, "log", None)
-        if log is not None and getattr(pl_module, "_trainer", None) is not None:
-            for name, value in metrics.items():
-                log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        self.log_metrics(pl_module, self.observe(context, keep))
 
     def observe(self, context: TokenMaskContext, keep: Tensor | None = None) -> dict[str, float]:
         """Update the state from one rollout batch; returns the metrics (also kept when ``keep_history``).
 
         ``keep`` (default ``context.mask``) are the tokens that carry a gradient: the prediction sums
-        over them, while the entropy statistics cover every response token.
+        over them, while the entropy statistics cover every response token. Call on every rank.
         """
         mask = context.mask
         keep = mask if keep is None else keep & mask
@@ -115,57 +108,49 @@ class EntropyDynamicsMonitor(Callback):
         zero = torch.zeros((), dtype=torch.float64, device=mask.device)
         s = context.discriminator.detach().to(torch.float64)
         centred = s - context.policy_average.detach().to(torch.float64)
-        totals = torch.cat(
-            [
-                torch.stack(
-                    [
-                        mask.sum().to(torch.float64),
-                        torch.where(mask, context.entropy.detach().to(torch.float64), zero).sum(),
-                        torch.where(mask, s, zero).sum(),
-                        torch.where(mask, centred, zero).sum(),
-                    ]
-                ),
-                sums,
-            ]
-        )
-        all_reduce_sum(totals)
-        n = max(float(totals[0]), 1.0)
-        entropy = float(totals[1]) / n
-        quadrants = [float(v) for v in totals[4:]]
-        predicted = sum(quadrants)
-        p = self.log_prefix
+        self.count_tokens(mask)
+        self.count("entropy_sum", torch.where(mask, context.entropy.detach().to(torch.float64), zero).sum())
+        self.count("s_sum", torch.where(mask, s, zero).sum())
+        self.count("centred_s_sum", torch.where(mask, centred, zero).sum())
+        for quadrant, value in zip(QUADRANTS, sums, strict=True):
+            self.count(f"predicted_{quadrant}", value)
+        c = self.reduce_counts()
+        entropy = self.share(c["entropy_sum"], c["tokens"])
+        quadrants = {self.tag(f"predicted_{q}"): c[f"predicted_{q}"] for q in QUADRANTS}
+        predicted = sum(quadrants.values())
         metrics = {
-            f"{p}/predicted": predicted,
-            **{f"{p}/predicted_{q}": v for q, v in zip(QUADRANTS, quadrants, strict=True)},
-            f"{p}/entropy": entropy,
-            f"{p}/s_mean": float(totals[2]) / n,
-            f"{p}/centred_s_mean": float(totals[3]) / n,
+            self.tag("predicted"): predicted,
+            **quadrants,
+            self.tag("entropy"): entropy,
+            self.tag("s_mean"): self.share(c["s_sum"], c["tokens"]),
+            self.tag("centred_s_mean"): self.share(c["centred_s_sum"], c["tokens"]),
         }
         if self.prev_entropy is not None and self.prev_predicted is not None:
             realised = entropy - self.prev_entropy
             match = float((realised > 0) == (self.prev_predicted > 0) and realised != 0)
             self.num_compared += 1
             self.num_agree += int(match)
-            metrics[f"{p}/realised"] = realised
-            metrics[f"{p}/sign_match"] = match
-            metrics[f"{p}/agreement"] = self.num_agree / self.num_compared
+            metrics[self.tag("realised")] = realised
+            metrics[self.tag("sign_match")] = match
+            metrics[self.tag("agreement")] = self.num_agree / self.num_compared
         self.prev_entropy, self.prev_predicted = entropy, predicted
-        self.num_batches += 1
         if self.keep_history:
             self.history.append(dict(metrics))
         return metrics
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "num_batches": self.num_batches,
+            **super().state_dict(),
             "num_compared": self.num_compared,
             "num_agree": self.num_agree,
             "prev_entropy": self.prev_entropy,
             "prev_predicted": self.prev_predicted,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.num_batches = int(state_dict["num_batches"])
+        super().load_state_dict(state_dict)
         self.num_compared = int(state_dict["num_compared"])
         self.num_agree = int(state_dict["num_agree"])
         self.prev_entropy = state_dict["prev_entropy"]

@@ -6,12 +6,17 @@ import warnings
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
+from typing_extensions import override
 
+from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.distributed.collectives import all_reduce_sum, global_top_k_cut
+from lit_entropy.functional.checks import check_choice
 from lit_entropy.functional.clipping import (
     cap_count,
+    check_clip_b_args,
+    check_clip_v_args,
+    check_max_frac,
     clip_b_mask,
     clip_v_deviation,
     clip_v_mask,
@@ -20,7 +25,7 @@ from lit_entropy.functional.clipping import (
 )
 from lit_entropy.functional.masked import masked_moments
 from lit_entropy.functional.selection import TopKCut
-from lit_entropy.protocol import TokenMaskContext, check_token_masking_module
+from lit_entropy.protocol import TokenMaskContext
 
 __all__ = ["EntropyDiscriminatorClipping"]
 
@@ -28,7 +33,7 @@ _DEFAULT_MU = {"clip_b": 2.5, "clip_v": 8.5}
 _DEFAULT_MAX_FRAC = 1e-4
 
 
-class EntropyDiscriminatorClipping(Callback):
+class EntropyDiscriminatorClipping(TokenCallback):
     """Mask the tokens whose update would sharpen the policy most (THEORY §3).
 
     Once per rollout batch the module hands over a :class:`~lit_entropy.protocol.TokenMaskContext`
@@ -46,7 +51,8 @@ class EntropyDiscriminatorClipping(Callback):
 
     Args:
         method: ``"clip_b"`` (batch-normalised S) or ``"clip_v"`` (policy-centred, capped).
-        mu: threshold in standard deviations; None takes 2.5 for clip_b and 8.5 for clip_v.
+        mu: threshold in standard deviations, a finite number > 0; None takes 2.5 for clip_b and 8.5 for
+            clip_v.
         max_frac: Clip_V cap on the masked share of valid tokens, in (0, 1]; None for no cap. Clip_B has
             no cap: a value other than the default there is ignored with a warning.
         symmetric: also mask A > 0 tokens beyond +mu std (the reference code is one-sided).
@@ -61,42 +67,39 @@ class EntropyDiscriminatorClipping(Callback):
         symmetric: bool = False,
         log_prefix: str = "train/entropy_clip",
     ) -> None:
-        if method not in _DEFAULT_MU:
-            raise ValueError(f"method must be 'clip_b' or 'clip_v', got method={method!r}")
-        mu = _DEFAULT_MU[method] if mu is None else float(mu)
-        if not mu > 0:
-            raise ValueError(f"mu must be > 0, got mu={mu}")
-        if max_frac is not None and not 0 < max_frac <= 1:
-            raise ValueError(f"max_frac must be in (0, 1] or None, got max_frac={max_frac}")
-        if method == "clip_b" and max_frac not in (None, _DEFAULT_MAX_FRAC):
-            warnings.warn(
-                f"EntropyDiscriminatorClipping(method='clip_b', max_frac={max_frac}): max_frac is ignored, only "
-                "Clip_V caps the masked share; remove max_frac or use method='clip_v'",
-                UserWarning,
-                stacklevel=2,
-            )
+        super().__init__(log_prefix)
+        check_choice("method", method, tuple(_DEFAULT_MU))
+        mu = _DEFAULT_MU[method] if mu is None else mu
+        # The checks of the math itself: an argument the mask would refuse at the first batch is refused here.
+        if method == "clip_b":
+            check_clip_b_args(mu, symmetric)
+            check_max_frac(max_frac)  # ignored by Clip_B, but a typo (1.5) is still refused
+            if max_frac not in (None, _DEFAULT_MAX_FRAC):
+                warnings.warn(
+                    f"EntropyDiscriminatorClipping(method='clip_b', max_frac={max_frac}): max_frac is ignored, "
+                    "only Clip_V caps the masked share; remove max_frac or use method='clip_v'",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        else:
+            check_clip_v_args(mu, max_frac, symmetric)
         self.method = method
-        self.mu = mu
+        self.mu = float(mu)
         self.max_frac = max_frac
         self.symmetric = symmetric
-        self.log_prefix = log_prefix
         self.required_fields = frozenset(
             {"mask", "advantages", "discriminator"} | ({"policy_average"} if method == "clip_v" else set())
         )
-        # Running totals, checkpointed: what share of tokens this callback has removed so far.
-        self.num_batches = 0
-        self.num_tokens = 0
-        self.num_masked = 0
         self.seen_nonfinite = False  # log nonfinite_frac from the first batch with a non-finite S on
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(method=self.method, mu=self.mu, symmetric=self.symmetric)
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        check_token_masking_module(
-            pl_module, self.required_fields, f"EntropyDiscriminatorClipping(method={self.method!r})"
-        )
+    @override
+    def describe(self) -> str:
+        return f"EntropyDiscriminatorClipping(method={self.method!r})"
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask for this rank's tokens from global statistics. Must be called on every rank."""
@@ -141,53 +144,30 @@ class EntropyDiscriminatorClipping(Callback):
 
     def _log(self, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
         mask, advantages = context.mask, context.advantages
-        masked = mask & ~keep
         pos, neg = mask & (advantages > 0), mask & (advantages < 0)
         finite = finite_mask(context.discriminator, mask)
         if context.policy_average is not None:
             finite &= torch.isfinite(context.policy_average)
-        counts = torch.stack(
-            [
-                mask.sum(),
-                masked.sum(),
-                pos.sum(),
-                (masked & pos).sum(),
-                neg.sum(),
-                (masked & neg).sum(),
-                finite.sum(),
-            ]
-        ).to(torch.float64)
-        s_moments = masked_moments(context.discriminator, finite)
-        totals = [counts, s_moments[1:2]]
+        self.count_tokens(mask, ~keep)
+        self.count("pos", pos.sum())
+        self.count("acted_on_pos", (pos & ~keep).sum())
+        self.count("neg", neg.sum())
+        self.count("acted_on_neg", (neg & ~keep).sum())
+        self.count("finite", finite.sum())
+        self.count("s_sum", masked_moments(context.discriminator, finite)[1])
         if context.policy_average is not None:
-            totals.append(masked_moments(context.discriminator - context.policy_average, finite)[1:2])
-        reduced = all_reduce_sum(torch.cat(totals))
-        n, n_masked, n_pos, n_masked_pos, n_neg, n_masked_neg, n_finite = reduced[:7].tolist()
-        self.num_batches += 1
-        self.num_tokens += int(n)
-        self.num_masked += int(n_masked)
-        log = getattr(pl_module, "log", None)
-        if log is None or getattr(pl_module, "_trainer", None) is None:
-            return
-        self.seen_nonfinite |= n_finite < n  # global counts: every rank agrees
+            self.count("centred_s_sum", masked_moments(context.discriminator - context.policy_average, finite)[1])
+        c = self.reduce_counts()
+        self.seen_nonfinite |= c["finite"] < c["tokens"]  # global counts: every rank agrees
         metrics = {
-            f"{self.log_prefix}/frac": n_masked / max(n, 1.0),
-            f"{self.log_prefix}/frac_neg": n_masked_neg / max(n_neg, 1.0),
-            f"{self.log_prefix}/s_mean": reduced[7].item() / max(n_finite, 1.0),
+            self.tag("frac"): self.share(c["acted_on"], c["tokens"]),
+            self.tag("frac_neg"): self.share(c["acted_on_neg"], c["neg"]),
+            self.tag("s_mean"): self.share(c["s_sum"], c["finite"]),
         }
         if self.symmetric:
-            metrics[f"{self.log_prefix}/frac_pos"] = n_masked_pos / max(n_pos, 1.0)
+            metrics[self.tag("frac_pos")] = self.share(c["acted_on_pos"], c["pos"])
         if self.seen_nonfinite:
-            metrics[f"{self.log_prefix}/nonfinite_frac"] = (n - n_finite) / max(n, 1.0)
-        if context.policy_average is not None:
-            metrics[f"{self.log_prefix}/centred_s_mean"] = reduced[8].item() / max(n_finite, 1.0)
-        for name, value in metrics.items():
-            log(name, value, on_step=True, on_epoch=False, batch_size=1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"num_batches": self.num_batches, "num_tokens": self.num_tokens, "num_masked": self.num_masked}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.num_batches = int(state_dict["num_batches"])
-        self.num_tokens = int(state_dict["num_tokens"])
-        self.num_masked = int(state_dict["num_masked"])
+            metrics[self.tag("nonfinite_frac")] = self.share(c["tokens"] - c["finite"], c["tokens"])
+        if "centred_s_sum" in c:
+            metrics[self.tag("centred_s_mean")] = self.share(c["centred_s_sum"], c["finite"])
+        self.log_metrics(pl_module, metrics)

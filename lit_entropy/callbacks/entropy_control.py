@@ -15,17 +15,22 @@ module's entropy bonus, which uses the same loss mask).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
+from typing_extensions import override
 
+from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.distributed.collectives import all_gather_counts, all_reduce_sum, global_top_k_cut, is_distributed
+from lit_entropy.functional.checks import check_seed
 from lit_entropy.functional.covariance import (
+    check_clip_cov_args,
+    check_high_entropy_args,
+    check_kl_cov_args,
     clip_cov_candidates,
     clip_cov_mask,
     covariance_scores,
@@ -34,16 +39,11 @@ from lit_entropy.functional.covariance import (
     kl_cov_coefficients,
     selection_count,
 )
+from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef, check_adaptive_entropy_args
 from lit_entropy.functional.selection import top_k_mask
-from lit_entropy.protocol import TokenMaskContext, check_token_masking_module, updates_per_rollout_batch
+from lit_entropy.protocol import TokenMaskContext, updates_per_rollout_batch
 
 __all__ = ["AdaptiveEntropyBonus", "ClipCov", "HighEntropySelection", "KLCov"]
-
-
-def _check_fraction(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
-        raise ValueError(f"{name} must be a number in (0, 1], got {name}={value!r}")
-    return float(value)
 
 
 def _global_means(context: TokenMaskContext) -> tuple[Tensor, int]:
@@ -61,54 +61,7 @@ def _global_means(context: TokenMaskContext) -> tuple[Tensor, int]:
     return sums[1:] / n.clamp(min=1.0), int(n.item())
 
 
-class _TokenCallback(Callback):
-    """Shared protocol check (``setup``), masked-fraction logging and counters of the toolbox callbacks."""
-
-    required_fields: frozenset[str] = frozenset({"mask"})
-    log_prefix: str = "train/token_callback"
-
-    def __init__(self) -> None:
-        # Running totals, checkpointed: how many tokens this callback has touched so far.
-        self.num_batches = 0
-        self.num_tokens = 0
-        self.num_selected = 0
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        check_token_masking_module(pl_module, self.required_fields, type(self).__name__)
-
-    def _count_and_log(
-        self, pl_module: Any, mask: Tensor, selected: Tensor | None, extra: dict[str, float]
-    ) -> dict[str, float]:
-        """All-reduce (valid, selected) counts, update the totals, log ``<prefix>/frac`` (unless
-        ``selected`` is None, for observers) plus ``extra``."""
-        picked = torch.zeros_like(mask) if selected is None else selected & mask
-        counts = all_reduce_sum(torch.stack([mask.sum(), picked.sum()]).to(torch.float64))
-        n, n_sel = (float(v) for v in counts.tolist())
-        self.num_batches += 1
-        self.num_tokens += int(n)
-        self.num_selected += int(n_sel)
-        metrics = dict(extra) if selected is None else {f"{self.log_prefix}/frac": n_sel / max(n, 1.0), **extra}
-        _log(pl_module, metrics)
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"num_batches": self.num_batches, "num_tokens": self.num_tokens, "num_selected": self.num_selected}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.num_batches = int(state_dict["num_batches"])
-        self.num_tokens = int(state_dict["num_tokens"])
-        self.num_selected = int(state_dict["num_selected"])
-
-
-def _log(pl_module: Any, metrics: dict[str, float]) -> None:
-    log = getattr(pl_module, "log", None)
-    if log is None or getattr(pl_module, "_trainer", None) is None:
-        return
-    for name, value in metrics.items():
-        log(name, float(value), on_step=True, on_epoch=False, batch_size=1)
-
-
-class ClipCov(_TokenCallback):
+class ClipCov(TokenCallback):
     """Clip-Cov: remove a random ``clip_cov_ratio`` share of the high-covariance tokens from the loss.
 
     ``cov = (A - mean A)(log p_old - mean log p_old)`` over the valid tokens of the global batch;
@@ -142,20 +95,15 @@ class ClipCov(_TokenCallback):
         seed: int = 0,
         log_prefix: str = "train/clip_cov",
     ) -> None:
-        super().__init__()
-        _check_fraction("clip_cov_ratio", clip_cov_ratio)
-        if not (math.isfinite(clip_cov_lb) and math.isfinite(clip_cov_ub) and clip_cov_lb < clip_cov_ub):
-            raise ValueError(
-                f"clip_cov_lb must be < clip_cov_ub (both finite), got clip_cov_lb={clip_cov_lb}, "
-                f"clip_cov_ub={clip_cov_ub}"
-            )
+        super().__init__(log_prefix)
+        check_clip_cov_args(clip_cov_ratio, clip_cov_lb, clip_cov_ub)
         self.clip_cov_ratio = float(clip_cov_ratio)
         self.clip_cov_lb = float(clip_cov_lb)
         self.clip_cov_ub = float(clip_cov_ub)
-        self.seed = int(seed)
-        self.log_prefix = log_prefix
+        self.seed = check_seed("seed", seed)
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub)
 
@@ -184,12 +132,14 @@ class ClipCov(_TokenCallback):
             candidate_offset=sum(counts[:rank]),
             total_candidates=sum(counts),
         )
-        candidate_frac = sum(counts) / max(n, 1)
-        self._count_and_log(pl_module, mask, mask & ~keep, {f"{self.log_prefix}/candidate_frac": candidate_frac})
+        self.count_tokens(mask, ~keep)
+        c = self.reduce_counts()
+        metrics = {self.tag("frac"): self.share(c["acted_on"], c["tokens"]), self.tag("candidate_frac"): sum(counts) / max(n, 1)}
+        self.log_metrics(pl_module, metrics)
         return keep
 
 
-class KLCov(_TokenCallback):
+class KLCov(TokenCallback):
     """KL-Cov: penalise ``ppo_kl_coef * |log p - log p_old|`` on the top ``kl_cov_ratio`` tokens by covariance.
 
     Exactly the top ``max(int(kl_cov_ratio * N), 1)`` tokens of the global batch by ``cov`` (see
@@ -215,22 +165,22 @@ class KLCov(_TokenCallback):
     """
 
     required_fields = frozenset({"mask", "advantages", "old_logprobs"})
+    token_request = "token_penalty"
 
     def __init__(self, kl_cov_ratio: float = 2e-3, ppo_kl_coef: float = 1.0, log_prefix: str = "train/kl_cov") -> None:
-        super().__init__()
-        _check_fraction("kl_cov_ratio", kl_cov_ratio)
-        if not (math.isfinite(ppo_kl_coef) and ppo_kl_coef >= 0):
-            raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got ppo_kl_coef={ppo_kl_coef!r}")
+        super().__init__(log_prefix)
+        check_kl_cov_args(kl_cov_ratio, ppo_kl_coef)
         self.kl_cov_ratio = float(kl_cov_ratio)
         self.ppo_kl_coef = float(ppo_kl_coef)
-        self.log_prefix = log_prefix
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(ratio=self.kl_cov_ratio, coef=self.ppo_kl_coef)
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        check_token_masking_module(pl_module, self.required_fields, type(self).__name__, request="token_penalty")
+        super().setup(trainer, pl_module, stage)
         if stage == "fit" and updates_per_rollout_batch(pl_module) == 1:
             # One on-policy update per rollout batch: |log p - log p_old| = 0 with zero gradient there.
             rank_zero_warn(
@@ -253,11 +203,13 @@ class KLCov(_TokenCallback):
             means=means,
             cut=cut,
         )
-        self._count_and_log(pl_module, mask, top_k_mask(cov, mask, cut), {})
+        self.count_tokens(mask, top_k_mask(cov, mask, cut))
+        c = self.reduce_counts()
+        self.log_metrics(pl_module, {self.tag("frac"): self.share(c["acted_on"], c["tokens"])})
         return coef
 
 
-class HighEntropySelection(_TokenCallback):
+class HighEntropySelection(TokenCallback):
     """Train only on the top-``rho`` entropy tokens ("Beyond the 80/20 Rule", TRL ``top_entropy_quantile``).
 
     Keeps the ``1 + floor(rho * (N - 1))`` highest-entropy valid tokens of **all ranks** (``N`` valid
@@ -276,12 +228,12 @@ class HighEntropySelection(_TokenCallback):
     required_fields = frozenset({"mask", "entropy"})
 
     def __init__(self, rho: float = 0.2, log_prefix: str = "train/high_entropy") -> None:
-        super().__init__()
-        _check_fraction("rho", rho)
+        super().__init__(log_prefix)
+        check_high_entropy_args(rho)
         self.rho = float(rho)
-        self.log_prefix = log_prefix
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(rho=self.rho)
 
@@ -291,11 +243,14 @@ class HighEntropySelection(_TokenCallback):
         n = int(all_reduce_sum(mask.sum().to(torch.float64)).item())
         cut = global_top_k_cut(context.entropy, mask, high_entropy_count(n, self.rho))
         keep = high_entropy_mask(context.entropy, mask, rho=self.rho, cut=cut)
-        self._count_and_log(pl_module, mask, mask & ~keep, {f"{self.log_prefix}/threshold": cut.threshold})
+        self.count_tokens(mask, ~keep)
+        c = self.reduce_counts()
+        metrics = {self.tag("frac"): self.share(c["acted_on"], c["tokens"]), self.tag("threshold"): cut.threshold}
+        self.log_metrics(pl_module, metrics)
         return keep
 
 
-class AdaptiveEntropyBonus(_TokenCallback):
+class AdaptiveEntropyBonus(TokenCallback):
     """Adaptive entropy bonus: move the module's entropy-bonus weight toward a target entropy (Skywork-OR1, TRL #6140).
 
     A :class:`~lit_entropy.protocol.LossCoefficientProvider`. Per rollout batch it reads the global
@@ -316,6 +271,7 @@ class AdaptiveEntropyBonus(_TokenCallback):
     """
 
     required_fields = frozenset({"mask", "entropy"})
+    token_request = "loss_coefficients"
 
     def __init__(
         self,
@@ -326,29 +282,23 @@ class AdaptiveEntropyBonus(_TokenCallback):
         coef_max: float = 0.05,
         log_prefix: str = "train/adaptive_entropy",
     ) -> None:
-        super().__init__()
-        if not (math.isfinite(entropy_target) and entropy_target > 0):
-            raise ValueError(f"entropy_target must be a finite number > 0, got entropy_target={entropy_target!r}")
-        if not (math.isfinite(coef_delta) and coef_delta > 0):
-            raise ValueError(f"coef_delta must be a finite number > 0, got coef_delta={coef_delta!r}")
-        if not (0 <= coef_min <= coef_max < math.inf):
-            raise ValueError(f"need 0 <= coef_min <= coef_max < inf, got coef_min={coef_min}, coef_max={coef_max}")
-        if initial_coef is not None and not coef_min <= initial_coef <= coef_max:
-            raise ValueError(f"initial_coef must be in [coef_min, coef_max], got initial_coef={initial_coef}")
+        super().__init__(log_prefix)
+        check_adaptive_entropy_args(entropy_target, coef_delta, coef_min, coef_max, initial_coef)
         self.entropy_target = float(entropy_target)
         self.coef_delta = float(coef_delta)
         self.coef_min = float(coef_min)
         self.coef_max = float(coef_max)
         self.coef: float | None = None if initial_coef is None else float(initial_coef)
-        self.log_prefix = log_prefix
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(target=self.entropy_target)
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        name = type(self).__name__
-        check_token_masking_module(pl_module, self.required_fields, name, request="loss_coefficients")
+        super().setup(trainer, pl_module, stage)
+        name = self.describe()
         current = pl_module.loss_coefficients()
         if "entropy_coef" not in current:
             raise TypeError(f"{name} needs {type(pl_module).__name__}.loss_coefficients() to include 'entropy_coef'")
@@ -357,21 +307,29 @@ class AdaptiveEntropyBonus(_TokenCallback):
 
     def loss_coefficients(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> dict[str, float]:
         """Update the coefficient from the global mean entropy and return it. Call on every rank."""
+        if self.coef is None:
+            raise RuntimeError(f"{self.describe()} has no coefficient yet: pass initial_coef or let setup() read it")
         mask = context.mask
-        sums = all_reduce_sum(
-            torch.stack([mask.sum().to(torch.float64), torch.where(mask, context.entropy.to(torch.float64), 0.0).sum()])
+        self.count_tokens(mask)
+        self.count("entropy_sum", torch.where(mask, context.entropy.to(torch.float64), 0.0).sum())
+        c = self.reduce_counts()
+        self.coef = adaptive_entropy_coef(
+            self.coef,
+            self.share(c["entropy_sum"], c["tokens"]),
+            entropy_target=self.entropy_target,
+            coef_delta=self.coef_delta,
+            coef_min=self.coef_min,
+            coef_max=self.coef_max,
         )
-        entropy = float(sums[1] / sums[0].clamp(min=1.0))
-        coef = self.coef + self.coef_delta if entropy < self.entropy_target else self.coef - self.coef_delta
-        self.coef = min(max(coef, self.coef_min), self.coef_max)
         # Nothing of its own to log: RFTModule logs the coefficient (train/loss/entropy_coef) and this very
         # entropy (train/entropy/mean); self.coef is the value for other modules.
-        self._count_and_log(pl_module, mask, None, {})
         return {"entropy_coef": self.coef}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "coef": self.coef}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.coef = None if state_dict.get("coef") is None else float(state_dict["coef"])

@@ -12,11 +12,19 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["check_choice", "check_number"]
+__all__ = ["check_choice", "check_flag", "check_fraction", "check_number", "check_seed"]
+
+#: Largest seed the callbacks accept: ``torch.Generator.manual_seed`` takes 64-bit values and they add offsets.
+MAX_SEED = 2**32 - 1
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bound(value: float) -> str:
+    """A bound as the user would write it: ints in full (4294967295, not 4.29497e+09), floats short."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> str:
@@ -54,18 +62,20 @@ def check_number(
     """
     if value is None and optional:
         return None
-    lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
-    hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
+    lo = "" if low is None else ("(" if low_open else "[") + _bound(low)
+    hi = "" if high is None else _bound(high) + (")" if high_open else "]")
     if low is not None and high is not None:
         allowed = f"in {lo}, {hi}"
     elif low is not None:
-        allowed = (">" if low_open else ">=") + f" {low:g}"
+        allowed = (">" if low_open else ">=") + f" {_bound(low)}"
     elif high is not None:
-        allowed = ("<" if high_open else "<=") + f" {high:g}"
+        allowed = ("<" if high_open else "<=") + f" {_bound(high)}"
     else:
-        allowed = "finite"
-    kind = "an integer" if integer else "a number"
-    expected = f"{kind} {allowed}" + (" or null" if optional else "")
+        allowed = ""
+    # A one-sided range reads as if inf passed ("> 0, got inf"): say "finite" where a side is open-ended.
+    finite = "" if integer or (low is not None and high is not None) else "finite "
+    kind = "an integer" if integer else f"a {finite}number"
+    expected = f"{kind} {allowed}".rstrip() + (" or null" if optional else "")
     ok = (isinstance(value, int) and not isinstance(value, bool)) if integer else _is_number(value)
     ok = ok and math.isfinite(value)
     ok = ok and (low is None or (value > low if low_open else value >= low))
@@ -73,3 +83,20 @@ def check_number(
     if not ok:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return value
+
+
+def check_fraction(name: str, value: Any, *, optional: bool = False) -> Any:
+    """Return ``value`` if it is a share in ``(0, 1]`` (or None when ``optional``), else raise naming ``name``."""
+    return check_number(name, value, low=0, high=1, low_open=True, optional=optional)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a bool, else raise: ``"false"`` or ``0`` from a config is not silently truthy."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def check_seed(name: str, value: Any) -> int:
+    """Return ``value`` if it is an integer seed in ``[0, MAX_SEED]``, else raise naming ``name``."""
+    return check_number(name, value, low=0, high=MAX_SEED, integer=True)

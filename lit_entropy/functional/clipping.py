@@ -36,11 +36,15 @@ import math
 import torch
 from torch import Tensor
 
+from lit_entropy.functional.checks import check_flag, check_fraction, check_number
 from lit_entropy.functional.masked import masked_moments
 from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
     "cap_count",
+    "check_clip_b_args",
+    "check_clip_v_args",
+    "check_max_frac",
     "clip_b_mask",
     "finite_mask",
     "clip_v_deviation",
@@ -55,16 +59,24 @@ _ZERO_VAR_REL = 1e-14
 _CAP_FLOOR_TOL = 1e-9
 
 
-def _check_mu(mu: float) -> None:
-    if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu must be a finite number > 0, got {mu!r}")
+def check_max_frac(max_frac: float | None, *, optional: bool = True) -> float | None:
+    """Clip_V's cap ``max_frac``: a share of the valid tokens in ``(0, 1]``, or None (no cap) when ``optional``."""
+    return check_fraction("max_frac", max_frac, optional=optional)
 
 
-def _check_max_frac(max_frac: float | None) -> None:
-    if max_frac is None:
-        return
-    if not (isinstance(max_frac, (int, float)) and 0 < max_frac <= 1):
-        raise ValueError(f"max_frac must be in (0, 1] or None, got {max_frac!r}")
+def check_clip_b_args(mu: float, symmetric: bool = False) -> None:
+    """Refuse a Clip_B argument the mask cannot use: ``mu`` a finite number > 0, ``symmetric`` a bool.
+
+    :func:`clip_b_mask` and :class:`~lit_entropy.callbacks.EntropyDiscriminatorClipping` both call it.
+    """
+    check_number("mu", mu, low=0, low_open=True)
+    check_flag("symmetric", symmetric)
+
+
+def check_clip_v_args(mu: float, max_frac: float | None = None, symmetric: bool = False) -> None:
+    """Refuse a Clip_V argument: those of :func:`check_clip_b_args` and ``max_frac`` (:func:`check_max_frac`)."""
+    check_clip_b_args(mu, symmetric)
+    check_max_frac(max_frac)
 
 
 def _as_bool_mask(mask: Tensor, shape: torch.Size) -> Tensor:
@@ -144,7 +156,7 @@ def clip_b_mask(
     Returns:
         Bool ``[B, T]`` keep mask, a subset of ``mask``.
     """
-    _check_mu(mu)
+    check_clip_b_args(mu, symmetric)
     mask = _as_bool_mask(mask, discriminator.shape)
     adv = _broadcast_advantages(advantages, discriminator.shape)
     _, mean, std = moment_stats(_check_moments(moments, discriminator, mask))
@@ -199,7 +211,7 @@ def clip_v_scores(
         ``(scores, candidates)``: float64 ``[B, T]`` score (``-D`` where ``A > 0``, ``D``
         elsewhere) and the bool ``[B, T]`` candidate set (subset of ``mask``).
     """
-    _check_mu(mu)
+    check_clip_b_args(mu, symmetric)  # max_frac is not an argument of the scores
     deviation = clip_v_deviation(discriminator, policy_average)
     mask = _as_bool_mask(mask, discriminator.shape)
     adv = _broadcast_advantages(advantages, discriminator.shape)
@@ -218,9 +230,7 @@ def cap_count(num_valid: int, max_frac: float) -> int:
     The floor has a 1e-9 tolerance so that a decimal fraction times a count that is an integer
     on paper (``0.29 * 100``) is not rounded down by binary floating point.
     """
-    _check_max_frac(max_frac)
-    if max_frac is None:
-        raise ValueError("max_frac must be a number in (0, 1] for cap_count, got None")
+    check_max_frac(max_frac, optional=False)
     num_valid = int(num_valid)
     if num_valid < 0:
         raise ValueError(f"num_valid must be >= 0, got {num_valid}")
@@ -263,7 +273,7 @@ def clip_v_mask(
     Returns:
         Bool ``[B, T]`` keep mask, a subset of ``mask``.
     """
-    _check_max_frac(max_frac)
+    check_clip_v_args(mu, max_frac, symmetric)
     mask = _as_bool_mask(mask, discriminator.shape)
     moments = _check_moments(moments, clip_v_deviation(discriminator, policy_average), mask)
     scores, candidates = clip_v_scores(

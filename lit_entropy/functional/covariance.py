@@ -30,9 +30,14 @@ import math
 import torch
 from torch import Tensor
 
+from lit_entropy.functional.checks import check_fraction, check_number
 from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
+    "check_clip_cov_args",
+    "check_clip_cov_bounds",
+    "check_high_entropy_args",
+    "check_kl_cov_args",
     "clip_cov_candidates",
     "clip_cov_mask",
     "covariance_scores",
@@ -50,15 +55,46 @@ def _check_mask(mask: Tensor, shape: torch.Size, name: str = "mask") -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def _check_ratio(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
-        raise ValueError(f"{name} must be a number in (0, 1], got {name}={value!r}")
-    return float(value)
+def check_clip_cov_bounds(clip_cov_lb: float, clip_cov_ub: float) -> None:
+    """Clip-Cov's covariance window: two finite numbers with ``clip_cov_lb < clip_cov_ub``."""
+    check_number("clip_cov_lb", clip_cov_lb)
+    check_number("clip_cov_ub", clip_cov_ub)
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(
+            f"clip_cov_lb must be < clip_cov_ub (an empty covariance window selects nothing), "
+            f"got clip_cov_lb={clip_cov_lb!r}, clip_cov_ub={clip_cov_ub!r}"
+        )
+
+
+def check_clip_cov_args(clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float) -> None:
+    """Refuse a Clip-Cov argument: ``clip_cov_ratio`` in ``(0, 1]``, the window of :func:`check_clip_cov_bounds`.
+
+    :func:`clip_cov_mask` and :class:`~lit_entropy.callbacks.ClipCov` both call it.
+    """
+    check_fraction("clip_cov_ratio", clip_cov_ratio)
+    check_clip_cov_bounds(clip_cov_lb, clip_cov_ub)
+
+
+def check_kl_cov_args(kl_cov_ratio: float, ppo_kl_coef: float) -> None:
+    """Refuse a KL-Cov argument: ``kl_cov_ratio`` in ``(0, 1]``, ``ppo_kl_coef`` a finite number >= 0.
+
+    :func:`kl_cov_coefficients` and :class:`~lit_entropy.callbacks.KLCov` both call it.
+    """
+    check_fraction("kl_cov_ratio", kl_cov_ratio)
+    check_number("ppo_kl_coef", ppo_kl_coef, low=0)
+
+
+def check_high_entropy_args(rho: float) -> None:
+    """Refuse a high-entropy selection argument: the kept share ``rho`` in ``(0, 1]``.
+
+    :func:`high_entropy_mask` and :class:`~lit_entropy.callbacks.HighEntropySelection` both call it.
+    """
+    check_fraction("rho", rho)
 
 
 def selection_count(num_valid: int, ratio: float) -> int:
     """verl's token budget ``max(int(ratio * num_valid), 1)`` (at least one token, as verl does)."""
-    ratio = _check_ratio("ratio", ratio)
+    check_fraction("ratio", ratio)
     if num_valid < 0:
         raise ValueError(f"num_valid must be >= 0, got num_valid={num_valid}")
     return max(int(ratio * int(num_valid)), 1)
@@ -102,8 +138,7 @@ def covariance_scores(
 
 def clip_cov_candidates(cov: Tensor, mask: Tensor, *, lb: float = 1.0, ub: float = 5.0) -> Tensor:
     """Clip-Cov candidates: valid tokens with ``lb < cov < ub`` (strict, as in verl), bool ``[B, T]``."""
-    if not (math.isfinite(lb) and math.isfinite(ub) and lb < ub):
-        raise ValueError(f"clip_cov_lb must be < clip_cov_ub (both finite), got lb={lb}, ub={ub}")
+    check_clip_cov_bounds(lb, ub)
     mask = _check_mask(mask, cov.shape)
     return mask & (cov > lb) & (cov < ub)
 
@@ -159,6 +194,7 @@ def clip_cov_mask(
     Returns:
         bool ``[B, T]`` keep mask, a subset of ``mask``.
     """
+    check_clip_cov_args(ratio, lb, ub)
     mask = _check_mask(mask, logprobs.shape)
     cov = covariance_scores(advantages, logprobs, mask, means=means)
     candidates = clip_cov_candidates(cov, mask, lb=lb, ub=ub)
@@ -199,9 +235,7 @@ def kl_cov_coefficients(
     Returns:
         float32 ``[B, T]`` coefficients.
     """
-    _check_ratio("kl_cov_ratio", ratio)
-    if not (math.isfinite(coef) and coef >= 0):
-        raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got ppo_kl_coef={coef!r}")
+    check_kl_cov_args(ratio, coef)
     mask = _check_mask(mask, logprobs.shape)
     cov = covariance_scores(advantages, logprobs, mask, means=means)
     if cut is None:
@@ -216,7 +250,7 @@ def high_entropy_count(num_valid: int, rho: float) -> int:
     when all entropies differ; the floor has the 1e-9 tolerance of Clip_V's cap so that a decimal
     ``rho`` times an integer count is not rounded down by binary floating point.
     """
-    rho = _check_ratio("rho", rho)
+    check_high_entropy_args(rho)
     if num_valid < 0:
         raise ValueError(f"num_valid must be >= 0, got num_valid={num_valid}")
     return 0 if num_valid == 0 else 1 + math.floor(rho * (int(num_valid) - 1) + 1e-9)
@@ -240,7 +274,7 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, *, rho: float = 0.2, cut: T
     Returns:
         bool ``[B, T]`` keep mask, a subset of ``mask``.
     """
-    rho = _check_ratio("rho", rho)
+    check_high_entropy_args(rho)
     mask = _check_mask(mask, entropy.shape)
     if cut is None:
         cut = top_k_cut(entropy, mask, high_entropy_count(int(mask.sum()), rho))

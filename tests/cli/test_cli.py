@@ -123,7 +123,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
         ),
         (
             ["--trainer.callbacks+=lit_entropy.callbacks.EntropyDiscriminatorClipping", "--trainer.callbacks.mu=0"],
-            r"mu must be > 0, got mu=0",
+            r"mu must be a finite number > 0, got 0",
         ),
     ],
 )
@@ -246,7 +246,7 @@ def test_a_callback_argument_error_is_one_line(tmp_path, monkeypatch, capsys):
         main([*args, "--trainer.callbacks.mu=0"])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
-    assert err == ["lit-entropy: error: mu must be > 0, got mu=0.0 (EntropyDiscriminatorClipping)"]
+    assert err == ["lit-entropy: error: mu must be a finite number > 0, got 0.0 (EntropyDiscriminatorClipping)"]
 
 
 def _tiny_fit(tmp_path, *extra, version=None):

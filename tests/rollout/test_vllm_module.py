@@ -27,7 +27,7 @@ def test_invalid_rollout_settings():
     with pytest.raises(TypeError, match="model.rollout must be a lit_entropy.rollout.RolloutEngine .* got 'sglang'"):
         RFTModule(rollout="sglang")
     with pytest.raises(
-        ValueError, match=r"model.advantages.rollout_is_threshold must be a number > 0 or null, got 0.0"
+        ValueError, match=r"model.advantages.rollout_is_threshold must be a finite number > 0 or null, got 0.0"
     ):
         AdvantageConfig(rollout_is_threshold=0.0)
 

@@ -134,7 +134,10 @@ class ClipCov(TokenCallback):
         )
         self.count_tokens(mask, ~keep)
         c = self.reduce_counts()
-        metrics = {self.tag("frac"): self.share(c["acted_on"], c["tokens"]), self.tag("candidate_frac"): sum(counts) / max(n, 1)}
+        metrics = {
+            self.tag("frac"): self.share(c["acted_on"], c["tokens"]),
+            self.tag("candidate_frac"): sum(counts) / max(n, 1),
+        }
         self.log_metrics(pl_module, metrics)
         return keep
 

@@ -15,12 +15,16 @@ from lit_entropy.functional.advantages import (
 )
 from lit_entropy.functional.clipping import (
     cap_count,
+    check_clip_b_args,
+    check_clip_v_args,
+    check_max_frac,
     clip_b_mask,
     clip_v_deviation,
     clip_v_mask,
     clip_v_scores,
     moment_stats,
 )
+from lit_entropy.functional.covariance import check_clip_cov_args, check_high_entropy_args, check_kl_cov_args
 from lit_entropy.functional.entropy import (
     EntropyStats,
     entropy_discriminator,
@@ -28,6 +32,7 @@ from lit_entropy.functional.entropy import (
     entropy_stats,
     predicted_entropy_change,
 )
+from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef, check_adaptive_entropy_args
 from lit_entropy.functional.kl import KL_KINDS, check_kl_type, kl_penalty
 from lit_entropy.functional.linear_entropy import linear_entropy_stats
 from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
@@ -76,12 +81,20 @@ __all__ = [
     "Registry",
     "TopKCut",
     "UnknownNameError",
+    "adaptive_entropy_coef",
     "aggregate_loss",
     "avg_at_k",
     "cap_count",
+    "check_adaptive_entropy_args",
     "check_advantage_scale",
+    "check_clip_b_args",
+    "check_clip_cov_args",
+    "check_clip_v_args",
     "check_gae_args",
+    "check_high_entropy_args",
+    "check_kl_cov_args",
     "check_kl_type",
+    "check_max_frac",
     "check_policy_loss_args",
     "check_value_loss_args",
     "clip_b_mask",

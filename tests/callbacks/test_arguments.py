@@ -89,7 +89,13 @@ def _cases() -> list[tuple[str, Case]]:
         for value, shown in _POSITIVE:
             add(method, clip, {"method": method, "mu": value}, f"mu must be a finite number > 0, got {shown}", fn)
         for value, shown in _FLAG:
-            add(method, clip, {"method": method, "symmetric": value}, f"symmetric must be true or false, got {shown}", fn)
+            add(
+                method,
+                clip,
+                {"method": method, "symmetric": value},
+                f"symmetric must be true or false, got {shown}",
+                fn,
+            )
         for value, shown in _SHARE:
             message = f"max_frac must be a number in (0, 1] or null, got {shown}"
             add(method, clip, {"method": method, "max_frac": value}, message, _clip_v)
@@ -99,18 +105,27 @@ def _cases() -> list[tuple[str, Case]]:
     for value, shown in _POSITIVE:
         add("random", RandomNegativeMasking, {"mu": value}, f"mu must be a finite number > 0, got {shown}", _clip_b)
     for value, shown in _SEED:
-        add("random", RandomNegativeMasking, {"seed": value}, f"seed must be an integer in [0, 4294967295], got {shown}")
+        add(
+            "random", RandomNegativeMasking, {"seed": value}, f"seed must be an integer in [0, 4294967295], got {shown}"
+        )
 
     for value, shown in _SHARE:
         message = f"clip_cov_ratio must be a number in (0, 1], got {shown}"
         add("clip_cov", ClipCov, {"clip_cov_ratio": value}, message, _clip_cov)
         add("kl_cov", KLCov, {"kl_cov_ratio": value}, f"kl_cov_ratio must be a number in (0, 1], got {shown}", _kl_cov)
-        add("high_entropy", HighEntropySelection, {"rho": value}, f"rho must be a number in (0, 1], got {shown}", _high_entropy)
+        add(
+            "high_entropy",
+            HighEntropySelection,
+            {"rho": value},
+            f"rho must be a number in (0, 1], got {shown}",
+            _high_entropy,
+        )
     for bound in ("clip_cov_lb", "clip_cov_ub"):
         for value, shown in [(math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan"), ("1", "'1'")]:
             add("clip_cov", ClipCov, {bound: value}, f"{bound} must be a finite number, got {shown}", _clip_cov)
     for lb, ub in ((5.0, 1.0), (2.0, 2.0)):
-        message = f"clip_cov_lb must be < clip_cov_ub (an empty covariance window selects nothing), got clip_cov_lb={lb}, clip_cov_ub={ub}"
+        window = "an empty covariance window selects nothing"
+        message = f"clip_cov_lb must be < clip_cov_ub ({window}), got clip_cov_lb={lb}, clip_cov_ub={ub}"
         add("clip_cov", ClipCov, {"clip_cov_lb": lb, "clip_cov_ub": ub}, message, _clip_cov)
     for value, shown in _SEED:
         add("clip_cov", ClipCov, {"seed": value}, f"seed must be an integer in [0, 4294967295], got {shown}")
@@ -132,10 +147,20 @@ def _cases() -> list[tuple[str, Case]]:
         _adaptive,
     )
     for value, shown in [(0.1, "0.1"), (-0.01, "-0.01"), (math.inf, "inf"), ("0", "'0'")]:
-        add("adaptive", bonus, {"initial_coef": value}, f"initial_coef must be a number in [0, 0.05] or null, got {shown}")
+        add(
+            "adaptive",
+            bonus,
+            {"initial_coef": value},
+            f"initial_coef must be a number in [0, 0.05] or null, got {shown}",
+        )
 
     for value, shown in _FLAG:
-        add("monitor", EntropyDynamicsMonitor, {"keep_history": value}, f"keep_history must be true or false, got {shown}")
+        add(
+            "monitor",
+            EntropyDynamicsMonitor,
+            {"keep_history": value},
+            f"keep_history must be true or false, got {shown}",
+        )
 
     every = (
         (EntropyDiscriminatorClipping, {}),
@@ -185,7 +210,11 @@ def test_every_argument_of_every_callback_has_a_bad_case():
         (EntropyDiscriminatorClipping, {"method": "clip_b", "mu": 1}, lambda: _clip_b({"mu": 1})),
         (EntropyDiscriminatorClipping, {"method": "clip_v", "max_frac": 1.0}, lambda: _clip_v({"max_frac": 1.0})),
         (EntropyDiscriminatorClipping, {"method": "clip_v", "max_frac": None}, lambda: _clip_v({"max_frac": None})),
-        (ClipCov, {"clip_cov_ratio": 1, "clip_cov_lb": -1e9, "clip_cov_ub": -1e9 + 1}, lambda: _clip_cov({"clip_cov_ratio": 1})),
+        (
+            ClipCov,
+            {"clip_cov_ratio": 1, "clip_cov_lb": -1e9, "clip_cov_ub": -1e9 + 1},
+            lambda: _clip_cov({"clip_cov_ratio": 1}),
+        ),
         (KLCov, {"kl_cov_ratio": 1.0, "ppo_kl_coef": 0}, lambda: _kl_cov({"kl_cov_ratio": 1.0, "ppo_kl_coef": 0})),
         (HighEntropySelection, {"rho": 1}, lambda: _high_entropy({"rho": 1})),
         (AdaptiveEntropyBonus, {"coef_min": 0.01, "coef_max": 0.01, "initial_coef": 0.01}, lambda: _adaptive({})),

@@ -207,7 +207,11 @@ def test_older_checkpoint_keys_load(cls, old):
     cb = _make(cls)
     cb.load_state_dict(dict(old))
     acted = old.get("num_masked", old.get("num_selected", 0))
-    assert (cb.num_batches, cb.num_tokens, cb.num_acted_on) == (old.get("num_batches", 0), old.get("num_tokens", 0), acted)
+    assert (cb.num_batches, cb.num_tokens, cb.num_acted_on) == (
+        old.get("num_batches", 0),
+        old.get("num_tokens", 0),
+        acted,
+    )
     state = cb.state_dict()
     assert not set(LEGACY_STATE_KEYS) & set(state)  # saved again under today's name
     assert state["num_acted_on"] == acted

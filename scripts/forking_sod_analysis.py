@@ -1,0 +1,214 @@
+"""Analysis of the sum-or-difference forking study (``scripts/forking_sod.py``), by the pre-registered rule.
+
+Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv`` and ``done.json``) and writes
+``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables) and ``<exp>/readme_block.md``;
+``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
+
+    python scripts/forking_sod.py --analyze --update-readme
+
+Endpoint (``PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the test-prompt mean of
+pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the per-seed paired differences, their 95 % Student-t
+interval and the exact two-sided sign-flip p-value; verdict with the effect-size floor ``DELTA``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "scripts" / "forking" / "README.md"
+MARKER = "sod-results"
+DELTA = 0.02
+K = 64
+LAST_EVALS = 3
+PRIMARY = ("grpo", "clip_b", "replay_mask")
+#: (treated, control) pairs judged by the rule, in the pre-registered order.
+COMPARISONS = (
+    ("clip_b", "grpo"),
+    ("replay_mask", "grpo"),
+    ("clip_b", "replay_mask"),
+    ("replay_role", "grpo"),
+    ("clip_b", "replay_role"),
+    ("grpo_null", "grpo"),
+)
+METRICS = ("pass@64", "avg@64")
+LABELS = {
+    "grpo": "GRPO",
+    "clip_b": "Clip_B mu 2.5",
+    "replay_mask": "random mask, Clip_B's per-step count replayed",
+    "replay_role": "random mask, count replayed per token role",
+    "grpo_null": "GRPO, other data order (null)",
+}
+
+
+def verdict(low: float, high: float, mean: float, p: float, delta: float = DELTA) -> str:
+    """The pre-registered rule: better/worse, none, or inconclusive."""
+    if any(math.isnan(x) for x in (low, high, mean)):
+        return "inconclusive"
+    excludes_zero = low > 0 or high < 0
+    if excludes_zero and abs(mean) >= delta and p < 0.05:
+        return "better" if mean > 0 else "worse"
+    if (-delta <= low and high <= delta) or (excludes_zero and abs(mean) < delta):
+        return "none"
+    return "inconclusive"
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def load_runs(exp: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """``{(arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run."""
+    runs = {}
+    for d in sorted((exp / "per_run").glob("*__s*")):
+        if not (d / "done.json").exists():
+            continue
+        arm, seed = d.name.rsplit("__s", 1)
+        runs[(arm, int(seed))] = {
+            "eval": _read(d / "eval.csv"),
+            "train": _read(d / "train.csv"),
+            "done": json.loads((d / "done.json").read_text()),
+        }
+    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
+    if len(revisions) > 1:
+        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
+    return runs
+
+
+def _p(row: dict[str, str]) -> float:
+    return math.exp(float(row["logp"]))
+
+
+def endpoint(eval_rows: list[dict[str, str]], cls: str | None = None) -> dict[str, float]:
+    """Mean over the last ``LAST_EVALS`` evaluations of the prompt-mean pass@64, avg@64 and P(R) (T = 1.0)."""
+    rows = [r for r in eval_rows if float(r["temperature"]) == 1.0 and (cls is None or r["class"] == cls)]
+    steps = sorted({int(r["step"]) for r in rows})[-LAST_EVALS:]
+    out: dict[str, list[float]] = {"pass@64": [], "avg@64": [], "p_R": []}
+    for step in steps:
+        at = [r for r in rows if int(r["step"]) == step]
+        out["pass@64"].append(fmean(1.0 - (1.0 - min(_p(r), 1.0)) ** K for r in at))
+        out["avg@64"].append(fmean(_p(r) for r in at))
+        out["p_R"].append(fmean(math.exp(float(r["logp_R"])) for r in at))
+    return {k: fmean(v) for k, v in out.items()}
+
+
+def curve(eval_rows: list[dict[str, str]]) -> dict[int, float]:
+    """Test pass@64 at every evaluated step."""
+    steps: dict[int, list[float]] = {}
+    for r in eval_rows:
+        steps.setdefault(int(r["step"]), []).append(1.0 - (1.0 - min(_p(r), 1.0)) ** K)
+    return {s: fmean(v) for s, v in sorted(steps.items())}
+
+
+def train_summary(train_rows: list[dict[str, str]]) -> dict[str, float]:
+    """Mean per-step entropy and masked count by role over the whole run and over its last quarter."""
+    out = {}
+    tail = train_rows[-max(1, len(train_rows) // 4) :]
+    for role in ("strategy", "exec"):
+        out[f"entropy_{role}"] = fmean(float(r[f"entropy_{role}"]) for r in train_rows)
+        out[f"entropy_{role}_last_quarter"] = fmean(float(r[f"entropy_{role}"]) for r in tail)
+        out[f"masked_per_step_{role}"] = fmean(int(r[f"masked_n_{role}"]) for r in train_rows)
+    out["reward_last_quarter"] = fmean(float(r["reward_mean"]) for r in tail)
+    return out
+
+
+def per_run_table(runs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    table = {}
+    for (arm, seed), run in sorted(runs.items()):
+        row = {"arm": arm, "seed": seed, **endpoint(run["eval"])}
+        for cls in ("sum", "diff"):
+            row.update({f"{k}_{cls}": v for k, v in endpoint(run["eval"], cls).items()})
+        row.update(train_summary(run["train"]))
+        row["seconds"] = run["done"]["seconds"]
+        row["replay_shortfall"] = run["done"].get("replay_shortfall")
+        table[f"{arm}__s{seed}"] = row
+    return table
+
+
+def compare(table: dict[str, dict[str, Any]], treated: str, control: str, seeds: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"treated": treated, "control": control, "seeds": seeds}
+    for metric in METRICS:
+        x = [table[f"{treated}__s{s}"][metric] for s in seeds]
+        y = [table[f"{control}__s{s}"][metric] for s in seeds]
+        diffs = [a - b for a, b in zip(x, y, strict=True)]
+        interval = paired_t_interval(x, y)
+        p = sign_flip_test(diffs)
+        out[metric] = {
+            "mean": interval.estimate,
+            "low": interval.low,
+            "high": interval.high,
+            "p_sign_flip": p,
+            "positive": sum(d > 0 for d in diffs),
+            "diffs": diffs,
+            "verdict": verdict(interval.low, interval.high, interval.estimate, p),
+        }
+    return out
+
+
+def comparable_seeds(table: dict[str, dict[str, Any]], arms: tuple[str, ...]) -> list[int]:
+    seeds = [{r["seed"] for r in table.values() if r["arm"] == a} for a in arms]
+    return sorted(set.intersection(*seeds)) if seeds else []
+
+
+def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
+    runs = load_runs(exp)
+    table = per_run_table(runs)
+    primary_seeds = comparable_seeds(table, PRIMARY)
+    comparisons = []
+    for treated, control in COMPARISONS:
+        both = (treated, control)
+        seeds = primary_seeds if set(both) <= set(PRIMARY) else comparable_seeds(table, both)
+        if len(seeds) >= 2:
+            comparisons.append(compare(table, treated, control, seeds))
+    arms = sorted({r["arm"] for r in table.values()}, key=lambda a: list(LABELS).index(a))
+    means = {}
+    for arm in arms:
+        rows = [r for r in table.values() if r["arm"] == arm]
+        keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
+        means[arm] = {"n": len(rows), **{k: fmean(r[k] for r in rows) for k in keys}}
+    base = endpoint([r for r in next(iter(runs.values()))["eval"] if r["step"] == "0"]) if runs else {}
+    curves = {f"{a}__s{s}": curve(r["eval"]) for (a, s), r in sorted(runs.items())}
+    done = [r["done"] for r in runs.values()]
+    summary = {
+        "code_revision": done[0]["code_revision"] if done else None,
+        "torch": sorted({d["torch"] for d in done}),
+        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        "base_model": base,
+        "arm_means": means,
+        "comparisons": comparisons,
+        "per_run": table,
+        "pass64_curves": curves,
+    }
+    (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    from forking_sod_report import readme_block, summary_tables
+
+    (exp / "summary.md").write_text(summary_tables(summary))
+    block = readme_block(summary)
+    (exp / "readme_block.md").write_text(block)
+    if update_readme:
+        changed = replace_block(README, MARKER, block)
+        print(f"[forking_sod] {README.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
+    print(block, flush=True)
+    return summary
+
+
+def replace_block(path: Path, marker: str, block: str) -> bool:
+    """Replace the text between ``<!-- marker:begin -->`` and ``<!-- marker:end -->``; True if it changed."""
+    text = path.read_text()
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text

@@ -1,0 +1,146 @@
+"""scripts/forking_sod_analysis.py: the pre-registered endpoint, intervals and verdicts, on hand-made runs; and
+the generated block of scripts/forking/README.md matches the committed runs."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _load(name: str):
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _fake_run(exp: Path, arm: str, seed: int, p: float, rev: str = "abc1234") -> None:
+    """Two prompts (sum, diff) evaluated at steps 0, 40, 80, 120; p(correct) = p at the last three steps."""
+    d = exp / "per_run" / f"{arm}__s{seed}"
+    d.mkdir(parents=True)
+    rows = []
+    for step in (0, 40, 80, 120):
+        for prompt, cls in (("1,2?", "sum"), ("5,3?", "diff")):
+            q = 0.5 if step == 0 else (p if cls == "sum" else p / 2)
+            rows.append(
+                {
+                    "step": step,
+                    "temperature": 1.0,
+                    "prompt": prompt,
+                    "class": cls,
+                    "logp": math.log(q),
+                    "logp_R": math.log(0.25),
+                }
+            )
+    _write(d / "eval.csv", rows)
+    train = [
+        {
+            "step": s,
+            "reward_mean": 0.5,
+            "entropy_strategy": 0.4,
+            "masked_n_strategy": 2,
+            "masked_neg_strategy": 0.1,
+            "tokens_strategy": 128,
+            "entropy_exec": 0.02,
+            "masked_n_exec": 1,
+            "masked_neg_exec": 0.01,
+            "tokens_exec": 1000,
+        }
+        for s in (1, 2, 3, 4)
+    ]
+    _write(d / "train.csv", train)
+    (d / "done.json").write_text(
+        json.dumps(
+            {"seconds": 60.0, "steps": 4, "code_revision": rev, "torch": "t", "threads": 1, "replay_shortfall": None}
+        )
+    )
+
+
+def test_verdict_rule():
+    an = _load("forking_sod_analysis")
+    assert an.verdict(0.01, 0.10, 0.05, 0.01) == "better"
+    assert an.verdict(-0.10, -0.03, -0.06, 0.01) == "worse"
+    assert an.verdict(0.01, 0.10, 0.05, 0.0625) == "inconclusive"  # the sign-flip test does not reject
+    assert an.verdict(-0.015, 0.019, 0.002, 0.5) == "none"  # inside the +-0.02 floor
+    assert an.verdict(0.001, 0.010, 0.005, 0.01) == "none"  # excludes 0, below the floor
+    assert an.verdict(-0.05, 0.10, 0.02, 0.3) == "inconclusive"
+    assert an.verdict(float("nan"), float("nan"), 0.1, 1.0) == "inconclusive"
+
+
+def test_endpoint_intervals_and_sign_flip_on_hand_made_runs(tmp_path):
+    an = _load("forking_sod_analysis")
+    ps = {"grpo": [0.30, 0.40, 0.50], "clip_b": [0.40, 0.45, 0.62], "replay_mask": [0.30, 0.41, 0.49]}
+    for arm, values in ps.items():
+        for seed, p in enumerate(values):
+            _fake_run(tmp_path, arm, seed, p)
+    runs = an.load_runs(tmp_path)
+    # endpoint: mean over steps 40, 80, 120 of the prompt mean; the step-0 values (0.5) are not in it
+    e = an.endpoint(runs[("grpo", 0)]["eval"])
+    assert e["avg@64"] == pytest.approx((0.30 + 0.15) / 2)
+    assert e["pass@64"] == pytest.approx((1 - 0.70**64 + 1 - 0.85**64) / 2)
+    table = an.per_run_table(runs)
+    c = an.compare(table, "clip_b", "grpo", [0, 1, 2])
+    d = [table[f"clip_b__s{s}"]["avg@64"] - table[f"grpo__s{s}"]["avg@64"] for s in range(3)]
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2}
+    assert c["avg@64"]["mean"] == pytest.approx(mean)
+    assert (c["avg@64"]["low"], c["avg@64"]["high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert c["avg@64"]["p_sign_flip"] == pytest.approx(2 / 8)  # all three positive: 2 of 8 sign patterns as extreme
+    assert c["avg@64"]["verdict"] == "inconclusive" and c["avg@64"]["positive"] == 3
+
+
+def test_analysis_refuses_mixed_revisions(tmp_path):
+    an = _load("forking_sod_analysis")
+    _fake_run(tmp_path, "grpo", 0, 0.3, rev="aaaaaaa")
+    _fake_run(tmp_path, "clip_b", 0, 0.3, rev="bbbbbbb")
+    with pytest.raises(ValueError, match="code revision"):
+        an.load_runs(tmp_path)
+
+
+def test_readme_block_matches_the_committed_runs(tmp_path):
+    an = _load("forking_sod_analysis")
+    exp = SCRIPTS / "forking" / "experiments" / "sod"
+    text = an.README.read_text()
+    block = text.split(f"<!-- {an.MARKER}:begin -->\n", 1)[1].split(f"\n<!-- {an.MARKER}:end -->", 1)[0]
+    if not any((exp / "per_run").glob("*/done.json")):
+        assert block == "(no runs analysed yet)"
+        return
+    shutil.copytree(exp / "per_run", tmp_path / "per_run")
+    an.analyze(tmp_path)
+    assert (tmp_path / "readme_block.md").read_text().rstrip() == block
+
+
+def test_analyze_writes_tables_and_block(tmp_path):
+    an = _load("forking_sod_analysis")
+    for arm, values in {"grpo": [0.3, 0.4], "clip_b": [0.5, 0.6], "replay_mask": [0.3, 0.45]}.items():
+        for seed, p in enumerate(values):
+            _fake_run(tmp_path, arm, seed, p)
+    summary = an.analyze(tmp_path)
+    assert [(c["treated"], c["control"]) for c in summary["comparisons"]] == [
+        ("clip_b", "grpo"),
+        ("replay_mask", "grpo"),
+        ("clip_b", "replay_mask"),
+    ]
+    block = (tmp_path / "readme_block.md").read_text()
+    assert "6 committed runs" in block and "code revision abc1234" in block and "| 0.827 |" in block
+    assert json.loads((tmp_path / "summary.json").read_text())["arm_means"]["clip_b"]["n"] == 2

@@ -1,7 +1,7 @@
 """Analysis of the sum-or-difference forking study (``scripts/forking_sod.py``), by the pre-registered rule.
 
 Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv`` and ``done.json``) and writes
-``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables) and ``<exp>/readme_block.md``;
+``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables), ``<exp>/pass_at_64.png`` and ``<exp>/readme_block.md``;
 ``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
 
     python scripts/forking_sod.py --analyze --update-readme
@@ -188,9 +188,10 @@ def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
         "pass64_curves": curves,
     }
     (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    from forking_sod_report import readme_block, summary_tables
+    from forking_sod_report import plot, readme_block, summary_tables
 
     (exp / "summary.md").write_text(summary_tables(summary))
+    plot(summary, exp / "pass_at_64.png")
     block = readme_block(summary)
     (exp / "readme_block.md").write_text(block)
     if update_readme:

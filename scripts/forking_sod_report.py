@@ -110,3 +110,28 @@ def readme_block(summary: dict[str, Any]) -> str:
         + "\nPer-seed pass@64 differences:\n\n"
         + per_seed_lines(summary)
     )
+
+
+def plot(summary: dict[str, Any], path: Any) -> None:
+    """Test pass@64 against the step: every run (thin) and the mean over seeds (thick), one colour per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, arm in enumerate(summary["arm_means"]):
+        curves = [c for name, c in summary["pass64_curves"].items() if name.rsplit("__s", 1)[0] == arm]
+        steps = sorted({int(s) for c in curves for s in c}, key=int)
+        for c in curves:
+            ax.plot([int(s) for s in c], list(c.values()), color=f"C{i}", lw=0.5, alpha=0.5)
+        full = [s for s in steps if all(str(s) in c or s in c for c in curves)]
+        mean = [sum(c.get(s, c.get(str(s), 0.0)) for c in curves) / len(curves) for s in full]
+        ax.plot(full, mean, color=f"C{i}", lw=2, label=f"{LABELS[arm]} (n={len(curves)})")
+    ax.axhline(always_sum_share("test"), color="grey", ls="--", lw=1, label="always L (floor)")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("test pass@64 (exact)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -228,21 +228,21 @@ class RFTModule(LightningModule):
         """Old log-probs, entropy, S (and E_p[S] when a callback asks), reference log-probs and values.
 
         When the batch gets a single update, the policy's forward keeps its graph and is returned as
-        ``fused_forward`` for :meth:`update` instead of being recomputed.
+        ``update_forward`` for :meth:`update` instead of being recomputed.
         """
         rows = rollout.response_mask.shape[0]
         want_average = "policy_average" in protocol.required_token_mask_fields(self._trainer)
-        fuse = self.fuses_old_logprob_pass(rows)
+        reuse = self.reuses_statistics_forward(rows)
         parts = []
         for part in row_slices(rows, self.settings.update.micro_batch_size):
             part = rollout.select(part)
-            with torch.set_grad_enabled(fuse):
+            with torch.set_grad_enabled(reuse):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = None if self.ref_model is None else self.policy_forward(self.ref_model, part).stats.logprobs
             values = None if self.value_head is None else self.values(part, forward.hidden)
             stats = forward.stats
             detached = [None if t is None else t.detach() for t in stats]
-            parts.append(RolloutStatistics(*detached, ref, values, fused_forward=forward if fuse else None))
+            parts.append(RolloutStatistics(*detached, ref, values, update_forward=forward if reuse else None))
         return RolloutStatistics.cat(parts)
 
     def apply_token_callbacks(self, experience: Experience) -> Experience:
@@ -261,18 +261,18 @@ class RFTModule(LightningModule):
         update = self.settings.update
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         rows = experience.loss_mask.shape[0]
-        fused = experience.fused_forward
+        reused = experience.update_forward
         sums: dict[str, float] = {}
         count, norms = 0, []
         for _ in range(update.epochs):
-            # A fused forward covers the rows in their original order.
-            order = torch.arange(rows, device=self.device) if fused else torch.randperm(rows, device=self.device)
+            # A reused statistics forward covers the rows in their original order.
+            order = torch.arange(rows, device=self.device) if reused else torch.randperm(rows, device=self.device)
             for mini in row_slices(rows, update.mini_batch_size):
                 index = order[mini]
                 normalizer = self.loss_normalizer(experience.loss_mask[index])
                 finite = True
                 for micro in row_slices(index.numel(), update.micro_batch_size):
-                    out = self.minibatch_loss(experience.rows(index[micro]), normalizer, fused)
+                    out = self.minibatch_loss(experience.rows(index[micro]), normalizer, reused)
                     finite &= bool(torch.isfinite(out.loss.detach()))
                     # Backward even on a non-finite loss: under data parallel every rank must join the
                     # gradient collectives; the step is skipped afterwards.
@@ -371,10 +371,10 @@ class RFTModule(LightningModule):
         prompts = data.prompts_per_step() if isinstance(data, PromptSource) else 1
         return updates_per_batch(prompts * self.settings.sampling.num_samples, self.settings.update)
 
-    def fuses_old_logprob_pass(self, rows: int) -> bool:
-        """True when the statistics pass doubles as the only update's forward (``update.fuse_old_logprob_pass``)."""
+    def reuses_statistics_forward(self, rows: int) -> bool:
+        """True when the statistics pass doubles as the only update's forward (``update.reuse_statistics_forward``)."""
         update = self.settings.update
-        return update.fuse_old_logprob_pass and self.settings.ppo is None and single_update(rows, update)
+        return update.reuse_statistics_forward and self.settings.ppo is None and single_update(rows, update)
 
     def policy_forward(self, model: nn.Module, rollout: RolloutBatch, **kwargs: Any) -> ResponseForward:
         """:func:`~lit_entropy.step.response_forward` with this module's temperature and chunking."""

@@ -33,7 +33,9 @@ __all__ = [
     "PolicyConfig",
     "RFTSettings",
     "RewardConfig",
+    "RENAMED_MODEL_KEYS",
     "UpdateConfig",
+    "carry_over_renamed_keys",
     "check_legacy_model_keys",
 ]
 
@@ -54,11 +56,11 @@ class PolicyConfig:
     fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None
     """FSDP2 only: dtype of the all-gathered parameters; null = follow the trainer precision."""
     logprob_chunk_size: int | None = None
-    """Rows per chunk of the unfused vocabulary pass (full logits); null = automatic."""
-    fused_lm_head: bool = True
+    """Rows per chunk of the full-logits vocabulary pass; null = automatic."""
+    blockwise_lm_head: bool = True
     """Compute log-probs, entropy and E_p[S] from the final hidden states and the LM head block by block, never
     materialising ``[tokens, vocab]`` logits (forward and backward; a separate update forward forms the loss
-    gradient inside the pass); a model whose head is not a plain linear layer uses the unfused path automatically."""
+    gradient inside the pass); a model whose head is not a plain linear layer uses full logits automatically."""
 
     def __post_init__(self) -> None:
         check_choice("model.policy.dtype", self.dtype, DTYPES)
@@ -200,7 +202,7 @@ class UpdateConfig:
     """Sequences per optimizer step (per rank); null = the whole rollout batch."""
     micro_batch_size: int | None = None
     """Sequences per forward pass (gradient accumulation); null = the mini-batch."""
-    fuse_old_logprob_pass: bool = True
+    reuse_statistics_forward: bool = True
     """With exactly one update per rollout batch, reuse the update's forward for the old log-probs and
     statistics instead of a separate no-grad pass (as TRL does)."""
     max_consecutive_skips: int = 10
@@ -279,12 +281,19 @@ _GROUP_FIELDS = {
     "sampling": ("temperature", "top_p", "top_k", "max_new_tokens"),
     "loss": ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "kl_coef", "kl_type", "entropy_coef"),
     "ppo": ("gamma", "lam", "value_coef", "clip_range_value", "critic_model_name_or_path", "whiten_advantages"),
-    "update": ("mini_batch_size", "micro_batch_size", "fuse_old_logprob_pass", "max_consecutive_skips"),
+    "update": ("mini_batch_size", "micro_batch_size", "max_consecutive_skips"),
     "optim": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
     "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
 }
+RENAMED_MODEL_KEYS: dict[str, str] = {
+    "update.fuse_old_logprob_pass": "update.reuse_statistics_forward",
+    "policy.fused_lm_head": "policy.blockwise_lm_head",
+}
+"""Grouped keys renamed since 0.2 (dotted, under ``model``): "fused" named both the statistics pass reused as
+the update's forward and the blockwise LM-head pass. Refused in configs; carried over from checkpoints."""
 LEGACY_MODEL_KEYS: dict[str, str] = {
     **{old: f"model.{group}.{old}" for group, names in _GROUP_FIELDS.items() for old in names},
+    "fuse_old_logprob_pass": "model.update.reuse_statistics_forward",
     "model_dtype": "model.policy.dtype",
     "group_size": "model.sampling.num_samples",
     "reward_fn": "model.reward.fn",
@@ -300,18 +309,30 @@ LEGACY_MODEL_KEYS: dict[str, str] = {
     "val_pass_k": "model.evaluation.pass_k",
     "vllm_options": "model.rollout (class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...})",
     "rollout_engine": "model.rollout",
+    **{old: f"model.{new}" for old, new in RENAMED_MODEL_KEYS.items()},
 }
-"""Flat ``RFTModule`` keys of lit_entropy 0.1 and the nested setting that replaced each."""
+"""Old ``model.*`` keys (dotted below ``model``: flat 0.1 keys and renamed grouped ones) and today's setting."""
+
+
+def _dotted_keys(settings: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every key of a nested mapping as a dotted path (``{"update": {"epochs": 1}}`` -> update, update.epochs)."""
+    out = []
+    for key, value in settings.items():
+        out.append(f"{prefix}{key}")
+        if isinstance(value, Mapping):
+            out += _dotted_keys(value, f"{prefix}{key}.")
+    return out
 
 
 def check_legacy_model_keys(settings: Mapping[str, Any], where: str) -> None:
-    """Raise a ValueError naming the new key for every pre-0.2 flat ``model.*`` key in ``settings``.
+    """Raise a ValueError naming today's dotted key for every old ``model.*`` key in ``settings``.
 
     Args:
-        settings: what was found under ``model`` (a config file's ``model:`` mapping, or ``--model.X`` arguments).
+        settings: what was found under ``model`` (a config file's ``model:`` mapping, or ``--model.X`` arguments
+            as a nested mapping), old keys at any depth (``update.fuse_old_logprob_pass``).
         where: what held them (a file name or "the command line"), for the message.
     """
-    old = [k for k in settings if k in LEGACY_MODEL_KEYS]
+    old = [k for k in _dotted_keys(settings) if k in LEGACY_MODEL_KEYS]
     engine = settings.get("rollout")
     if isinstance(engine, str) and engine in ("hf", "vllm"):
         raise ValueError(
@@ -322,9 +343,26 @@ def check_legacy_model_keys(settings: Mapping[str, Any], where: str) -> None:
     if old:
         moves = "; ".join(f"model.{k} -> {LEGACY_MODEL_KEYS[k]}" for k in old)
         raise ValueError(
-            f"{where} uses setting names that lit_entropy 0.2 replaced by grouped settings: {moves} "
-            "(CHANGELOG.md has the full table)"
+            f"{where} uses setting names that lit_entropy replaced: {moves} (CHANGELOG.md has the full table)"
         )
+
+
+def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's ``model`` hyper-parameters with every :data:`RENAMED_MODEL_KEYS` entry under today's key.
+
+    A checkpoint saved before a rename stores the old key; its value moves to the new key (a copy: nested groups
+    are copied, ``hparams`` is left as it was). A new key already present wins.
+    """
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in hparams.items()}
+    for old, new in RENAMED_MODEL_KEYS.items():
+        (old_group, old_name), (new_group, new_name) = old.split("."), new.split(".")
+        group = out.get(old_group)
+        if isinstance(group, dict) and old_name in group:
+            value = group.pop(old_name)
+            target = out.setdefault(new_group, {})
+            if isinstance(target, dict):
+                target.setdefault(new_name, value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -348,7 +386,9 @@ class RFTSettings:
         """Settings from group objects or plain mappings (checkpoints store the groups as dicts).
 
         Missing groups take their defaults; ``algorithm: ppo`` without a ``ppo`` group gets :class:`PPOConfig`'s.
+        A mapping saved under a renamed key (:data:`RENAMED_MODEL_KEYS`) is read under today's key.
         """
+        groups = carry_over_renamed_keys(groups)
         unknown = sorted(set(groups) - {f.name for f in fields(cls)})
         if unknown:
             raise TypeError(f"unknown RFTModule settings {unknown}")
@@ -366,7 +406,7 @@ class RFTSettings:
         return {
             "temperature": self.sampling.temperature,
             "chunk_size": policy.logprob_chunk_size,
-            "fused": policy.fused_lm_head,
+            "blockwise": policy.blockwise_lm_head,
         }
 
     def to_hparams(self) -> dict[str, Any]:

@@ -10,8 +10,8 @@ VmHWM - baseline, reported as a fraction of one float32 logits tensor ``[rows, v
 * Head mode (``--head``; ``--realistic`` = ``--head --rows 2048 --vocab 151936 --hidden 256 --backward``,
   Qwen2.5's vocabulary): the inputs are hidden states ``[N, H]`` and an LM-head weight ``[V, H]``, and the
   variants are (a) ``naive``: full logits, ``log_softmax`` and entropy over everything; (b) ``chunked``:
-  full logits ``h @ W.T``, then today's chunked ``entropy_stats``; (c) ``fused``: ``linear_entropy_stats``
-  (logits never materialised; the backward recomputes each logits block); (c') ``fused_loss``:
+  full logits ``h @ W.T``, then today's chunked ``entropy_stats``; (c) ``blockwise``: ``linear_entropy_stats``
+  (logits never materialised; the backward recomputes each logits block); (c') ``blockwise_loss``:
   ``linear_entropy_loss`` with the same loss (the gradient is formed in the forward, no recompute: what a
   separate update forward runs); (d) ``trl``: full logits, then TRL's ``selective_log_softmax_and_entropy``
   (chunked log-softmax / entropy; skipped with a message when ``trl`` is not importable, e.g. run with
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-HEAD_VARIANTS = ("naive", "chunked", "fused", "fused_loss", "trl", "matmuls")
+HEAD_VARIANTS = ("naive", "chunked", "blockwise", "blockwise_loss", "trl", "matmuls")
 LOSS_ENTROPY_WEIGHT = 0.01
 
 
@@ -93,10 +93,10 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
         return lambda: _naive(hidden @ weight.T, token_ids, backward)
     if variant == "chunked":
         return lambda: _chunked(hidden @ weight.T, token_ids, backward, chunk_size)
-    if variant == "fused":
+    if variant == "blockwise":
         from lit_entropy.functional.linear_entropy import linear_entropy_stats
 
-        def fused():
+        def blockwise():
             out = linear_entropy_stats(
                 hidden,
                 weight,
@@ -109,11 +109,11 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
                 (out.logprobs.sum() + LOSS_ENTROPY_WEIGHT * out.entropy.sum()).backward()
             return out
 
-        return fused
-    if variant == "fused_loss":
+        return blockwise
+    if variant == "blockwise_loss":
         from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 
-        def fused_loss():
+        def blockwise_loss():
             loss, out = linear_entropy_loss(
                 hidden,
                 weight,
@@ -127,7 +127,7 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
                 loss.backward()
             return out
 
-        return fused_loss
+        return blockwise_loss
     if variant == "matmuls":
 
         def matmuls():
@@ -300,18 +300,18 @@ def _head_mode(args, ctx) -> None:
         ref = measured.get("chunked")
         print(f"rows={rows}: one float32 logits tensor = {size / mb:.1f} MB")
         print(
-            f"{'variant':>8} {'wall s':>8} {'cpu s':>8} {'wall/chunked':>13} {'cpu/chunked':>12} "
+            f"{'variant':>14} {'wall s':>8} {'cpu s':>8} {'wall/chunked':>13} {'cpu/chunked':>12} "
             f"{'extra MB':>9} {'extra/logits':>13} {'excl. W grad/logits':>20}"
         )
         for variant, res in results.items():
             if "skipped" in res:
-                print(f"{variant:>8} skipped ({res['skipped']})")
+                print(f"{variant:>14} skipped ({res['skipped']})")
                 continue
             rel_w = f"{res['time_s'] / ref['time_s']:.3f}" if ref else "-"
             rel_c = f"{res['cpu_s'] / ref['cpu_s']:.3f}" if ref else "-"
             extra = res["extra_bytes"]
             print(
-                f"{variant:>8} {res['time_s']:>8.2f} {res['cpu_s']:>8.2f} {rel_w:>13} {rel_c:>12} "
+                f"{variant:>14} {res['time_s']:>8.2f} {res['cpu_s']:>8.2f} {rel_w:>13} {rel_c:>12} "
                 f"{extra / mb:>9.1f} {extra / size:>13.3f} {(extra - res['weight_grad_bytes']) / size:>20.3f}"
             )
         floor = measured.get("matmuls")
@@ -321,12 +321,12 @@ def _head_mode(args, ctx) -> None:
                 f"{4 / 3 * floor['cpu_s']:.2f} for the 4 of one that recomputes them"
                 + (f" ({4 / 3 * floor['cpu_s'] / ref['cpu_s']:.3f}x chunked)" if ref else "")
             )
-        for name in ("fused", "fused_loss"):
-            fused = measured.get(name)
-            if not (fused and ref and "skipped" not in fused):
+        for name in ("blockwise", "blockwise_loss"):
+            blockwise = measured.get(name)
+            if not (blockwise and ref and "skipped" not in blockwise):
                 continue
-            mem = (fused["extra_bytes"] - fused["weight_grad_bytes"]) / size
-            speed = fused["cpu_s"] / ref["cpu_s"]
+            mem = (blockwise["extra_bytes"] - blockwise["weight_grad_bytes"]) / size
+            speed = blockwise["cpu_s"] / ref["cpu_s"]
             ok = mem <= 0.1 and speed <= 1.0
             print(
                 f"targets ({name}: extra excl. W grad <= 0.10x logits, cpu time <= 1.0x chunked): "
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per variant (median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every variant")
     parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (default: library default)")
-    parser.add_argument("--vocab-chunk-size", type=int, default=None, help="fused: vocabulary entries per block")
+    parser.add_argument("--vocab-chunk-size", type=int, default=None, help="blockwise: vocabulary entries per block")
     parser.add_argument("--backward", action="store_true", help="also run backward of logp.sum() + 0.01 H.sum()")
     parser.add_argument("--head", action="store_true", help="inputs are hidden states [N, H] and a head [V, H]")
     parser.add_argument("--hidden", type=int, default=256, help="head mode: hidden size H")

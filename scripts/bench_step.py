@@ -28,19 +28,19 @@ Example::
 
     python scripts/bench_step.py --steps 40 --warmup 3 --threads 1 --json bench_step.json
 
-Realistic shape (``--realistic``): a randomly initialised Qwen2-architecture model is built locally (no hub)
-with Qwen2.5's vocabulary of 151,936 tokens, hidden 256 (``--hidden-size``), head_dim 64, 2 layers, tied head,
-and a WordLevel character tokenizer padded with filler tokens to cover the vocabulary. Its completions are
-random, so the reward is a deterministic coin per completion (:func:`hashed_coin_reward`) to keep the groups'
-advantages non-zero. Every side (``grpo``, ``clip_v``, ``clip_b``, ``grpo_unfused`` = ``grpo`` with
-``model.policy.fused_lm_head=false``, ``grpo_separate`` / ``grpo_separate_unfused`` = ``grpo`` / ``grpo_unfused``
-with ``model.update.fuse_old_logprob_pass=false``: a no-grad statistics pass and the update's own forward,
-``trl``) runs in its own process (peak RSS is per process), one after another in an order rotated each round
-(``--rounds``) so slow drifts of the machine's load cancel. Reported: median s/step after warm-up (wall and CPU),
-generated tokens/s, the phase split of lit_entropy's step (generation, statistics pass = the policy forward that
-the single update reuses, update = backward + optimizer, other), peak RSS, ratios against TRL and the per-round
-paired overheads of every other lit_entropy side over GRPO with a t confidence interval. Phase timers wrap the
-module's public phase methods from this script.
+Realistic shape (``--realistic``): a randomly initialised Qwen2-architecture model is built locally (no hub) with
+Qwen2.5's vocabulary of 151,936 tokens, hidden 256 (``--hidden-size``), head_dim 64, 2 layers, tied head, and a
+WordLevel character tokenizer padded with filler tokens to cover the vocabulary. Its completions are random, so the
+reward is a deterministic coin per completion (:func:`hashed_coin_reward`) to keep the groups' advantages non-zero.
+Every side (``grpo``, ``clip_v``, ``clip_b``, ``grpo_full_logits`` = ``grpo`` with
+``model.policy.blockwise_lm_head=false``, ``grpo_separate`` / ``grpo_separate_full_logits`` = ``grpo`` /
+``grpo_full_logits`` with ``model.update.reuse_statistics_forward=false``: a no-grad statistics pass and the update's
+own forward, ``trl``) runs in its own process (peak RSS is per process), one after another in an order rotated each
+round (``--rounds``) so slow drifts of the machine's load cancel. Reported: median s/step after warm-up (wall and
+CPU), generated tokens/s, the phase split of lit_entropy's step (generation, statistics pass = the policy forward that
+the single update reuses, update = backward + optimizer, other), peak RSS, ratios against TRL and the per-round paired
+overheads of every other lit_entropy side over GRPO with a t confidence interval. Phase timers wrap the module's
+public phase methods from this script.
 
     python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
         --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
@@ -537,13 +537,13 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("grpo", ()),
     "clip_v": ("clip_v", ()),
     "clip_b": ("clip_b", ()),
-    "grpo_unfused": ("grpo", ("--model.policy.fused_lm_head=false",)),
+    "grpo_full_logits": ("grpo", ("--model.policy.blockwise_lm_head=false",)),
     # A separate update forward (what PPO and several epochs / mini-batches run): the no-grad statistics pass, then
-    # the update's own forward, whose fused head forms the loss gradient inside the vocabulary pass.
-    "grpo_separate": ("grpo", ("--model.update.fuse_old_logprob_pass=false",)),
-    "grpo_separate_unfused": (
+    # the update's own forward, whose blockwise head forms the loss gradient inside the vocabulary pass.
+    "grpo_separate": ("grpo", ("--model.update.reuse_statistics_forward=false",)),
+    "grpo_separate_full_logits": (
         "grpo",
-        ("--model.update.fuse_old_logprob_pass=false", "--model.policy.fused_lm_head=false"),
+        ("--model.update.reuse_statistics_forward=false", "--model.policy.blockwise_lm_head=false"),
     ),
     "trl": ("trl", ()),
 }
@@ -827,8 +827,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         nargs="+",
         default=list(LIT_VARIANTS),
         choices=list(LIT_VARIANTS) + [side for side in REALISTIC_SIDES if side not in LIT_VARIANTS and side != "trl"],
-        help="lit_entropy variants; grpo_unfused = grpo with model.policy.fused_lm_head=false; grpo_separate(_unfused)"
-        " = grpo (unfused) with model.update.fuse_old_logprob_pass=false",
+        help="lit_entropy variants; grpo_full_logits = grpo with model.policy.blockwise_lm_head=false; "
+        "grpo_separate(_full_logits) = grpo (_full_logits) with model.update.reuse_statistics_forward=false",
     )
     p.add_argument("--skip-trl", action="store_true", help="do not run TRL's GRPOTrainer")
     p.add_argument("--sequential", action="store_true", help="run one variant after another, not interleaved")

@@ -57,13 +57,13 @@ def _logged_tags(trainer) -> set[str]:
     return set(tags["scalars"]) | set(tags["histograms"]) | set(tags.get("tensors", []))
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir, fused):
+@pytest.mark.parametrize("blockwise", [True, False])
+def test_old_logprobs_match_an_unpadded_forward(tiny_model_dir, blockwise):
     """Left padding + position ids + temperature: the no-grad pass equals a per-row full-softmax reference,
-    through the fused (hidden states x LM head) and the unfused (full logits) vocabulary pass alike."""
+    through the blockwise (hidden states x LM head) and the full-logits vocabulary pass alike."""
     seed_everything(0)
     sampling = SamplingConfig(num_samples=3, max_new_tokens=5, temperature=0.7)
-    module = RFTModule(PolicyConfig(tiny_model_dir, fused_lm_head=fused), sampling=sampling)
+    module = RFTModule(PolicyConfig(tiny_model_dir, blockwise_lm_head=blockwise), sampling=sampling)
     module.configure_model()
     module.setup("fit")
     tok = module.tokenizer
@@ -183,45 +183,45 @@ def _parity_reward(completions, answers):
 
 
 @pytest.mark.parametrize("method", [None, "clip_v"])
-def test_fused_single_update_equals_the_separate_no_grad_pass(tiny_model_dir, tmp_path, method):
+def test_reused_statistics_forward_equals_the_separate_no_grad_pass(tiny_model_dir, tmp_path, method):
     """One update per batch: reusing the update's forward for the old log-probs changes nothing."""
     weights = []
-    for fuse in (True, False):
+    for reuse in (True, False):
         callbacks = [EntropyDiscriminatorClipping(method, mu=0.5, max_frac=0.1)] if method else []
         module, trainer = _fit(
             tiny_model_dir,
-            tmp_path / str(fuse),
+            tmp_path / str(reuse),
             callbacks=callbacks,
             batches=1,
-            update=UpdateConfig(fuse_old_logprob_pass=fuse),
+            update=UpdateConfig(reuse_statistics_forward=reuse),
             reward=RewardConfig(fn=_parity_reward),
             loss=LossConfig(entropy_coef=0.01),
         )
-        assert module.fuses_old_logprob_pass(16) is fuse
+        assert module.reuses_statistics_forward(16) is reuse
         weights.append({k: v.detach().clone() for k, v in module.policy.state_dict().items()})
         if method:
             masked = callbacks[0].num_acted_on
-    fused, separate = weights
+    reused, separate = weights
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    assert any(not torch.equal(fused[name], initial[name]) for name in initial), "the update must move weights"
-    for name in fused:
+    assert any(not torch.equal(reused[name], initial[name]) for name in initial), "the update must move weights"
+    for name in reused:
         # Adam's first step is ~lr * sign(g) = 1e-3 per weight: 1e-5 is 1% of a step (summation-order noise).
-        torch.testing.assert_close(fused[name], separate[name], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(reused[name], separate[name], atol=1e-5, rtol=1e-4)
     if method:
         assert masked > 0
 
 
-def test_fused_lm_head_trains_like_full_logits(tiny_model_dir, tmp_path):
-    """The fused vocabulary pass (no logits) takes the same updates as full logits + entropy_stats."""
+def test_blockwise_lm_head_trains_like_full_logits(tiny_model_dir, tmp_path):
+    """The blockwise vocabulary pass (no logits) takes the same updates as full logits + entropy_stats."""
     weights, logged = [], []
-    for fused in (True, False):
+    for blockwise in (True, False):
         module, trainer = _fit(
             tiny_model_dir,
-            tmp_path / str(fused),
+            tmp_path / str(blockwise),
             batches=2,
-            policy=PolicyConfig(tiny_model_dir, fused_lm_head=fused),
+            policy=PolicyConfig(tiny_model_dir, blockwise_lm_head=blockwise),
             update=UpdateConfig(epochs=2, mini_batch_size=8),  # off-policy second pass: ratios != 1
             loss=LossConfig(entropy_coef=0.01),
             reward=RewardConfig(fn=_parity_reward),

@@ -13,6 +13,7 @@ from lit_entropy.functional import ADVANTAGE_SCALES, KL_KINDS, LOSS_AGG_MODES
 from lit_entropy.rollout import SamplingConfig
 from lit_entropy.settings import (
     LEGACY_MODEL_KEYS,
+    RENAMED_MODEL_KEYS,
     AdvantageConfig,
     EvaluationConfig,
     LoggingConfig,
@@ -23,6 +24,8 @@ from lit_entropy.settings import (
     RewardConfig,
     RFTSettings,
     UpdateConfig,
+    carry_over_renamed_keys,
+    check_legacy_model_keys,
 )
 
 # The defining modules (``lit_entropy.functional.policy_loss`` is also the name of a function there).
@@ -164,3 +167,36 @@ def test_every_legacy_key_points_at_an_existing_setting():
             continue
         group = _GROUP_TYPES[path[1]]
         assert path[2] in {f.name for f in dataclasses.fields(group)}, (old, new)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"update": {"fuse_old_logprob_pass": False}},
+            "model.update.fuse_old_logprob_pass -> model.update.reuse_statistics_forward",
+        ),
+        ({"policy": {"fused_lm_head": True}}, "model.policy.fused_lm_head -> model.policy.blockwise_lm_head"),
+        ({"fuse_old_logprob_pass": True}, "model.fuse_old_logprob_pass -> model.update.reuse_statistics_forward"),
+    ],
+)
+def test_renamed_keys_are_refused_with_their_new_dotted_name(settings, message):
+    with pytest.raises(ValueError, match=rf"^old.yaml uses setting names that lit_entropy replaced: {message} "):
+        check_legacy_model_keys(settings, "old.yaml")
+    # The same leaf name under another group is not an old key.
+    check_legacy_model_keys({"loss": {"fused_lm_head": 1}, "update": {"epochs": 1}}, "new.yaml")
+
+
+def test_checkpoint_hparams_under_renamed_keys_carry_their_values_over():
+    saved = {"policy": {"fused_lm_head": False, "dtype": "float32"}, "update": {"fuse_old_logprob_pass": False}}
+    moved = carry_over_renamed_keys(saved)
+    assert moved == {
+        "policy": {"blockwise_lm_head": False, "dtype": "float32"},
+        "update": {"reuse_statistics_forward": False},
+    }
+    assert saved["update"] == {"fuse_old_logprob_pass": False}, "the checkpoint's own dict is left as it was"
+    settings = RFTSettings.build(**saved)  # what load_from_checkpoint hands the module
+    assert settings.policy.blockwise_lm_head is False and settings.update.reuse_statistics_forward is False
+    assert settings == RFTSettings.build(**moved)
+    for old, new in RENAMED_MODEL_KEYS.items():
+        assert LEGACY_MODEL_KEYS[old] == f"model.{new}"

@@ -112,7 +112,7 @@ class RFTCLI(LightningCLI):
             raise SettingsError(root_cause(err)) from err
 
     def parse_arguments(self, parser: Any, args: ArgsType) -> None:
-        # Pre-0.2 flat model keys get an error naming their new place, not jsonargparse's generic one.
+        # Old model keys (pre-0.2 flat ones, renamed ones) get an error naming their new place, not jsonargparse's.
         try:
             check_legacy_arguments(list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
         except ValueError as error:
@@ -272,7 +272,7 @@ def root_cause(err: BaseException) -> str:
 
 
 def check_legacy_arguments(args: list[str]) -> None:
-    """Raise a ValueError naming the new key for any pre-0.2 flat ``model.*`` key in ``args`` or their config files."""
+    """Raise a ValueError naming today's key for any old ``model.*`` key in ``args`` or their config files."""
     import yaml
 
     given: dict[str, Any] = {}
@@ -280,7 +280,13 @@ def check_legacy_arguments(args: list[str]) -> None:
         key, _, value = arg.partition("=")
         value = value if value or index + 1 >= len(args) else args[index + 1]
         if key.startswith("--model."):
-            given[key.removeprefix("--model.").split(".")[0]] = value
+            *groups, name = key.removeprefix("--model.").split(".")
+            node = given
+            for group in groups:  # --model.update.epochs -> {"update": {"epochs": ...}}
+                if not isinstance(node.get(group), dict):
+                    node[group] = {}
+                node = node[group]
+            node[name] = value
         elif key in ("--config", "-c") and Path(value).is_file():
             model = (yaml.safe_load(Path(value).read_text()) or {}).get("model") or {}
             if isinstance(model, dict):

@@ -19,7 +19,7 @@ zero) add nothing to any gradient, so the backward runs over the other rows only
 Loop order is vocabulary-outer, rows-inner: each weight chunk's gradient is finished (summed over all
 rows in a small float32 accumulator) and written once, so a bf16 weight needs no ``[V, H]`` float32
 accumulator; the hidden-state gradient ``[N, H]`` (tiny next to ``[N, V]``) accumulates across chunks.
-Matmuls run in the input dtype, exactly like the model's own LM head, so the fused and the unfused
+Matmuls run in the input dtype, exactly like the model's own LM head, so the blockwise and the full-logits
 paths see the same (bf16-rounded) logits; all softmax arithmetic is float32 (float64 for float64).
 
 Memory (float32, N rows, V vocabulary, H hidden): two ``[rows, vocab_cols]`` blocks, ``O(N)`` per-row
@@ -410,7 +410,7 @@ def _active_rows(grad_logp: Tensor | None, grad_h: Tensor | None) -> Tensor | No
 
 
 class _LinearEntropyStatsFn(torch.autograd.Function):
-    """Fused LM head + softmax statistics; the backward recomputes each logits block once."""
+    """Blockwise LM head + softmax statistics; the backward recomputes each logits block once."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, inv_t, rows, cols, want_average):  # type: ignore[override]

@@ -208,7 +208,7 @@ def _loss_kernel(h, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn,
 
 
 class _LinearEntropyLossFn(torch.autograd.Function):
-    """Fused LM head + per-token loss; the gradient is formed in the forward, the backward scales it."""
+    """Blockwise LM head + per-token loss; the gradient is formed in the forward, the backward scales it."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn, shape):  # type: ignore[override]

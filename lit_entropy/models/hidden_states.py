@@ -1,12 +1,12 @@
 """Final hidden states of the response positions of a Hugging Face causal LM, without its logits.
 
-The fused vocabulary pass (:func:`lit_entropy.functional.linear_entropy_stats`) needs the hidden states
+The blockwise vocabulary pass (:func:`lit_entropy.functional.linear_entropy_stats`) needs the hidden states
 that the LM head would read and the head's ``(weight, bias)``. :func:`response_hidden_states` runs the
 model with the same position ids as the RL step's full forward but keeps no logits, so
 ``hidden @ weight.T + bias`` equals the model's own logits at the positions that predict the response
 tokens. :func:`lm_head_params` returns ``None`` whenever the logits are *not* such a plain linear map
 of the hidden states (a wrapped head, or logit scaling / soft-capping in the config), so callers can fall
-back to the unfused path.
+back to full logits.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: 
 
 
 def lm_head_params(model: nn.Module) -> tuple[Tensor, Tensor | None] | None:
-    """``(weight [V, H], bias [V] | None)`` of a plain linear LM head, or ``None`` when the fused path does not apply.
+    """``(weight [V, H], bias [V] | None)`` of a plain linear LM head; ``None`` when the blockwise path does not apply.
 
     ``None`` when ``model.get_output_embeddings()`` is missing or is not an ``nn.Linear`` (e.g. a PEFT-wrapped
     head), or when the config transforms the logits after the head (soft-capping, logit scaling).

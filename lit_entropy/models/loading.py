@@ -78,7 +78,7 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
     dtype, ppo = settings.policy.dtype, settings.ppo
     models = RFTModels(load_causal_lm(model_name_or_path, dtype, "model.policy.model_name_or_path").train())
     models.policy.config.use_cache = False
-    _report_vocabulary_path(models.policy, settings.policy.fused_lm_head)
+    _report_vocabulary_path(models.policy, settings.policy.blockwise_lm_head)
     if settings.policy.gradient_checkpointing:
         models.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if settings.loss.kl_coef > 0:
@@ -94,19 +94,19 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
     return models
 
 
-def _report_vocabulary_path(policy: nn.Module, fused: bool) -> None:
+def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
     """One log line saying how log-probs and entropy are computed over the vocabulary."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-    from lit_entropy.step.forward import uses_fused_head
+    from lit_entropy.step.forward import uses_blockwise_head
 
-    if fused and uses_fused_head(policy):
+    if blockwise and uses_blockwise_head(policy):
         path = (
-            "fused (hidden states x LM head in blocks, no [tokens, vocab] logits; "
+            "blockwise (hidden states x LM head in blocks, no [tokens, vocab] logits; "
             "separate update forwards form the gradient inside the pass)"
         )
-    elif fused:
-        path = "unfused (full response logits): the LM head is not a plain linear layer"
+    elif blockwise:
+        path = "full logits ([tokens, vocab] logits materialised): the LM head is not a plain linear layer"
     else:
-        path = "unfused (full response logits): model.policy.fused_lm_head is false"
+        path = "full logits ([tokens, vocab] logits materialised): model.policy.blockwise_lm_head is false"
     rank_zero_info(f"lit_entropy: vocabulary pass: {path}")

@@ -25,7 +25,7 @@ __all__ = [
 
 @dataclass
 class RolloutStatistics:
-    """What the statistics pass over a rollout batch computed, all ``[N, T]`` (detached unless ``fused_forward``).
+    """What the statistics pass over a rollout batch computed, all ``[N, T]`` (detached unless ``update_forward``).
 
     Attributes:
         old_logprobs: log-probs of the sampled tokens under the rollout policy.
@@ -34,7 +34,7 @@ class RolloutStatistics:
         policy_average: ``E_p[S]`` when asked for, else None.
         ref_logprobs: reference log-probs (KL term), else None.
         values: critic values (PPO), else None.
-        fused_forward: the policy forward with its graph, when it doubles as the only update's forward.
+        update_forward: the policy forward with its graph, when it doubles as the only update's forward.
     """
 
     old_logprobs: Tensor
@@ -43,18 +43,18 @@ class RolloutStatistics:
     policy_average: Tensor | None = None
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
-    fused_forward: ResponseForward | None = None
+    update_forward: ResponseForward | None = None
 
     @staticmethod
     def cat(parts: list[RolloutStatistics]) -> RolloutStatistics:
-        """Concatenate per-micro-batch statistics along the rows (the last part's ``fused_forward`` is kept:
-        a fused forward exists only when there is a single part)."""
+        """Concatenate per-micro-batch statistics along the rows (the last part's ``update_forward`` is kept:
+        a reused forward exists only when there is a single part)."""
         tensors = {
             f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
             for f in fields(RolloutStatistics)
-            if f.name != "fused_forward"
+            if f.name != "update_forward"
         }
-        return RolloutStatistics(**tensors, fused_forward=parts[-1].fused_forward)
+        return RolloutStatistics(**tensors, update_forward=parts[-1].update_forward)
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Experience:
         loss_mask: bool, the response mask AND every callback's keep mask.
         penalty: per-token coefficients of ``|log p - log p_old|`` from penalty providers, or None.
         rollout_gap: trainer minus rollout-engine log-prob of each sampled token, when the engine reports them.
-        fused_forward: the update's own forward (with its graph) when it doubles as the statistics pass.
+        update_forward: the update's own forward (with its graph) when it doubles as the statistics pass.
         coefficients: loss coefficients for this batch (``entropy_coef``: the setting or a callback's value).
     """
 
@@ -94,7 +94,7 @@ class Experience:
     loss_mask: Tensor | None = None
     penalty: Tensor | None = None
     rollout_gap: Tensor | None = None
-    fused_forward: ResponseForward | None = None
+    update_forward: ResponseForward | None = None
     coefficients: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -113,7 +113,7 @@ class Experience:
         )
 
     def rows(self, index: Tensor) -> Experience:
-        """The selected rows (the fused forward, which covers all rows, is dropped)."""
+        """The selected rows (the reused statistics forward, which covers all rows, is dropped)."""
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         rollout = self.rollout.select(index)
         tensors = {
@@ -123,7 +123,7 @@ class Experience:
                 "returns loss_mask penalty rollout_gap"
             ).split()
         }
-        return replace(self, rollout=rollout, fused_forward=None, **tensors)
+        return replace(self, rollout=rollout, update_forward=None, **tensors)
 
 
 def group_token_advantages(rewards: Tensor, group_size: int, response_len: int, config: AdvantageConfig) -> Tensor:
@@ -182,5 +182,5 @@ def build_experience(
         returns=returns,
         loss_mask=mask,
         rollout_gap=gap,
-        fused_forward=statistics.fused_forward,
+        update_forward=statistics.update_forward,
     )

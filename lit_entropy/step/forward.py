@@ -20,16 +20,16 @@ from lit_entropy.rollout.base import RolloutBatch
 
 __all__ = [
     "ResponseForward",
-    "fused_response_loss",
+    "blockwise_response_loss",
     "response_forward",
     "response_logits",
-    "uses_fused_head",
+    "uses_blockwise_head",
     "value_estimates",
 ]
 
 
-def uses_fused_head(model: nn.Module) -> bool:
-    """Whether the model's logits are a plain linear map of its final hidden states (the fused path applies)."""
+def uses_blockwise_head(model: nn.Module) -> bool:
+    """Whether the model's logits are a plain linear map of its final hidden states (the blockwise path applies)."""
     return lm_head_params(model) is not None
 
 
@@ -73,12 +73,12 @@ def response_forward(
     chunk_size: int | None = None,
     policy_average: bool = False,
     hidden: bool = False,
-    fused: bool = True,
+    blockwise: bool = True,
 ) -> ResponseForward:
     """Statistics of the sampled response tokens under ``model`` (differentiable when grad is enabled).
 
-    Fused path (``fused`` and a plain linear LM head, see :func:`uses_fused_head`): the model's forward keeps
-    no logits; :func:`~lit_entropy.functional.linear_entropy_stats` computes log-probs, entropy, S and E_p[S]
+    Blockwise path (``blockwise`` and a plain linear LM head, see :func:`uses_blockwise_head`): the model's forward
+    keeps no logits; :func:`~lit_entropy.functional.linear_entropy_stats` computes log-probs, entropy, S and E_p[S]
     from the final hidden states and the head's weight block by block, in the forward and the backward.
     Otherwise the response logits are materialised and reduced by the chunked
     :func:`~lit_entropy.functional.entropy_stats`.
@@ -90,10 +90,10 @@ def response_forward(
         chunk_size: rows per chunk of the vocabulary pass; None = automatic.
         policy_average: also compute ``E_p[S]`` (Clip_V).
         hidden: also return the hidden states (value head on the policy).
-        fused: use the fused path when the model allows it.
+        blockwise: use the blockwise path when the model allows it.
     """
     responses = rollout.responses
-    if fused and uses_fused_head(model):
+    if blockwise and uses_blockwise_head(model):
         states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
         # Read the head after the forward: under FSDP2 its weight is gathered only from the root's forward on.
         weight, bias = lm_head_params(model)
@@ -115,7 +115,7 @@ def response_forward(
     return ResponseForward(stats=stats, hidden=states)
 
 
-def fused_response_loss(
+def blockwise_response_loss(
     model: nn.Module, rollout: RolloutBatch, loss_of: Callable[[EntropyStats], Tensor], *, temperature: float
 ) -> tuple[Tensor, ResponseForward]:
     """``loss_of(stats)`` of the sampled response tokens, its gradient formed inside the vocabulary pass.
@@ -123,7 +123,7 @@ def fused_response_loss(
     For a separate update forward the loss is known before the pass, so
     :func:`~lit_entropy.functional.linear_entropy_loss` multiplies each logits block's gradient into the
     hidden-state and LM-head gradients while the block is at hand: three head-sized matmuls instead of the four of
-    :func:`response_forward` + backward (which must recompute the logits). Requires :func:`uses_fused_head`.
+    :func:`response_forward` + backward (which must recompute the logits). Requires :func:`uses_blockwise_head`.
 
     Args:
         model: a Hugging Face causal LM with a plain linear head.

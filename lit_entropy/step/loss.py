@@ -20,7 +20,7 @@ from lit_entropy.functional.policy_loss import (
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.experience import Experience
-from lit_entropy.step.forward import ResponseForward, fused_response_loss, response_forward, uses_fused_head
+from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, response_forward, uses_blockwise_head
 
 __all__ = ["UpdateLoss", "global_loss_normalizer", "rows_update_loss", "update_loss"]
 
@@ -123,8 +123,8 @@ def rows_update_loss(
 ) -> UpdateLoss:
     """:func:`update_loss` of ``rows`` under ``model``, running the policy's forward unless ``forward`` is given.
 
-    The model's own forward takes the fused loss path (:func:`~lit_entropy.step.forward.fused_response_loss`: the
-    gradient formed inside the vocabulary pass, one head-sized matmul fewer) when ``model.policy.fused_lm_head``
+    The model's own forward takes the blockwise loss path (:func:`~lit_entropy.step.forward.blockwise_response_loss`:
+    the gradient formed inside the vocabulary pass, one head-sized matmul fewer) when ``model.policy.blockwise_lm_head``
     is on and the head is a plain linear layer; otherwise :func:`~lit_entropy.step.response_forward` + autograd.
 
     Args:
@@ -134,11 +134,11 @@ def rows_update_loss(
         normalizer: see :func:`update_loss`.
         forward: the policy's forward over exactly these rows, already computed (the statistics pass's graph).
         values_of: ``(rollout, policy hidden states) -> values [n, T]`` (PPO), else None.
-        hidden: the unfused forward must return hidden states (a value head on the policy).
+        hidden: the full-logits forward must return hidden states (a value head on the policy).
     """
     options = settings.forward_options()
-    if forward is None and options["fused"] and uses_fused_head(model):
-        head_loss, forward = fused_response_loss(
+    if forward is None and options["blockwise"] and uses_blockwise_head(model):
+        head_loss, forward = blockwise_response_loss(
             model,
             rows.rollout,
             lambda stats: update_loss(ResponseForward(stats), rows, settings, normalizer=normalizer).loss,

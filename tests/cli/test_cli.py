@@ -101,6 +101,21 @@ def test_old_flat_keys_name_their_new_place(where, message, tmp_path, capsys):
     assert len(__import__("re").findall(message, capsys.readouterr().err)) == 1
 
 
+@pytest.mark.parametrize("where", ["config", "command line"])
+def test_renamed_grouped_keys_name_their_new_dotted_key(where, tmp_path, capsys):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  update:\n    fuse_old_logprob_pass: false\n")
+    given = ["--config", str(old)] if where == "config" else ["--model.policy.fused_lm_head=false"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *given])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    if where == "config":
+        assert "model.update.fuse_old_logprob_pass -> model.update.reuse_statistics_forward" in err
+    else:
+        assert "model.policy.fused_lm_head -> model.policy.blockwise_lm_head" in err
+
+
 def test_unknown_config_key_is_named(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  group_sise: 8\n")
@@ -313,6 +328,29 @@ def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_pat
         cli = cli_main([*validate, *SHORT_FIT[1:], "--model.evaluation.num_samples=4"])
     assert "val/avg@4" in cli.trainer.callback_metrics
     assert (tmp_path / "config.yaml").read_text() == "mine: 1\n"  # without a logger nothing is written here
+
+
+def test_a_checkpoint_saved_under_renamed_keys_resumes_with_their_values(tmp_path, monkeypatch):
+    """A checkpoint whose hparams hold ``update.fuse_old_logprob_pass`` / ``policy.fused_lm_head`` (saved before
+    the rename) resumes through the CLI and loads with ``load_from_checkpoint``, the values under today's keys."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    _tiny_fit(tmp_path, "--model.update.reuse_statistics_forward=false", "--model.policy.blockwise_lm_head=false")
+    last = tmp_path / "runs" / "grpo_tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    hparams = checkpoint["hyper_parameters"]
+    hparams["update"]["fuse_old_logprob_pass"] = hparams["update"].pop("reuse_statistics_forward")
+    hparams["policy"]["fused_lm_head"] = hparams["policy"].pop("blockwise_lm_head")
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    # Not given again: the (non-default) values come from the checkpoint's old keys.
+    cli = _tiny_fit(tmp_path, "--trainer.max_steps=3", f"--ckpt_path={old}")
+    assert cli.trainer.global_step == 3
+    settings = cli.model.settings
+    assert settings.update.reuse_statistics_forward is False and settings.policy.blockwise_lm_head is False
+    loaded = RFTModule.load_from_checkpoint(old).settings
+    assert loaded.update.reuse_statistics_forward is False and loaded.policy.blockwise_lm_head is False
 
 
 def test_a_bad_model_path_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,6 @@
-"""Tests of lit_entropy.functional.linear_entropy (fused LM head + entropy statistics).
+"""Tests of lit_entropy.functional.linear_entropy (blockwise LM head + entropy statistics).
 
-Reference: the unfused float64 computation (full logits ``h @ W.T + b``, ``/ T``, ``log_softmax``)
+Reference: the full-logits float64 computation (full logits ``h @ W.T + b``, ``/ T``, ``log_softmax``)
 differentiated by torch.autograd, and central finite differences (``gradcheck``).
 """
 
@@ -54,7 +54,7 @@ def _grads(loss, tensors):
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize(("rows", "cols"), [(5, 7), (3, 64), (64, 4), (37, 53)])
-def test_values_and_gradients_match_unfused_float64(temperature, use_bias, rows, cols) -> None:
+def test_values_and_gradients_match_full_logits_float64(temperature, use_bias, rows, cols) -> None:
     # 37 rows x 53 vocabulary: none of the block sizes divides both (except the single block).
     h, w, b, ids = _inputs(37, 53, 6, bias=use_bias, scale=2.0)
     out = linear_entropy_stats(
@@ -153,9 +153,9 @@ def test_tied_embedding_gradients_accumulate() -> None:
     inp = torch.randint(0, vocab, (9,), generator=gen)
     ids = torch.randint(0, vocab, (9,), generator=gen)
 
-    def run(fused: bool):
+    def run(blockwise: bool):
         hidden = torch.tanh(emb[inp] @ mix)
-        if fused:
+        if blockwise:
             out = linear_entropy_stats(hidden, emb, ids, temperature=0.8, chunk_size=2, vocab_chunk_size=5)
             lk, h = out.logprobs, out.entropy
         else:
@@ -267,7 +267,7 @@ def test_memory_is_bounded_by_the_block_not_by_rows_times_vocab() -> None:
         (out.logprobs.sum() + out.entropy.sum()).backward()
     logits_bytes = 4 * n * vocab
     assert 0 < rec.largest <= bound < logits_bytes / 10
-    # The recorder sees allocations: the unfused computation creates [N, V] tensors.
+    # The recorder sees allocations: the full-logits computation creates [N, V] tensors.
     ref_rec = _AllocationRecorder()
     with ref_rec:
         (h.detach() @ w.detach().T).log_softmax(-1)

@@ -1,6 +1,6 @@
-"""Tests of lit_entropy.functional.linear_entropy_loss (fused LM head + per-token loss, gradient in the forward).
+"""Tests of lit_entropy.functional.linear_entropy_loss (blockwise LM head + per-token loss, gradient in the forward).
 
-Reference: the unfused float64 computation (full logits, ``log_softmax``) with the same loss differentiated by
+Reference: the full-logits float64 computation (full logits, ``log_softmax``) with the same loss differentiated by
 torch.autograd, and central finite differences (``gradcheck``).
 """
 
@@ -28,7 +28,7 @@ def _token_loss(shape, seed=5):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize(("rows", "cols"), [(5, 7), (1, 64), (37, 53), (64, 4)])
-def test_loss_values_and_gradients_match_unfused_float64(temperature, use_bias, rows, cols) -> None:
+def test_loss_values_and_gradients_match_full_logits_float64(temperature, use_bias, rows, cols) -> None:
     h, w, b, ids = _inputs(37, 53, 6, bias=use_bias, scale=2.0)
     loss_fn = _token_loss(37)
     loss, stats = linear_entropy_loss(

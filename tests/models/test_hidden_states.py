@@ -39,7 +39,7 @@ def _batch(response_len: int = 5):
 
 
 def _model_logits(model, sequences, attention_mask, response_len):
-    # The module's unfused forward: the full model with logits_to_keep at the predicting positions.
+    # The module's full-logits forward: the full model with logits_to_keep at the predicting positions.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     length = sequences.shape[1]
     keep = torch.arange(length - response_len - 1, length - 1)
@@ -64,23 +64,25 @@ def test_hidden_states_times_head_equal_model_logits(tie: bool) -> None:
     torch.testing.assert_close(hidden @ weight.T, _model_logits(model, seq, att, t), rtol=1e-12, atol=1e-12)
 
 
-def test_fused_statistics_and_parameter_gradients_equal_unfused_path() -> None:
+def test_blockwise_statistics_and_parameter_gradients_equal_full_logits_path() -> None:
     model = _tiny_qwen2(True)
     seq, att, t = _batch()
     responses = seq[:, -t:]
     mask = att[:, -t:].double()
 
     weight, bias = lm_head_params(model)
-    fused = linear_entropy_stats(
+    blockwise = linear_entropy_stats(
         response_hidden_states(model, seq, att, t), weight, responses, bias=bias, temperature=0.8, policy_average=True
     )
-    fused_grads = torch.autograd.grad((mask * (fused.logprobs + 0.2 * fused.entropy)).sum(), list(model.parameters()))
+    blockwise_grads = torch.autograd.grad(
+        (mask * (blockwise.logprobs + 0.2 * blockwise.entropy)).sum(), list(model.parameters())
+    )
 
     ref = entropy_stats(_model_logits(model, seq, att, t), responses, temperature=0.8, policy_average=True)
     ref_grads = torch.autograd.grad((mask * (ref.logprobs + 0.2 * ref.entropy)).sum(), list(model.parameters()))
-    for got, want in zip(fused, ref, strict=True):
+    for got, want in zip(blockwise, ref, strict=True):
         torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-12)
-    for got, want in zip(fused_grads, ref_grads, strict=True):
+    for got, want in zip(blockwise_grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 

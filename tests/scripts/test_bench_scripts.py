@@ -180,19 +180,19 @@ def test_realistic_flag_runs_every_lit_side_in_its_own_process(bench, tmp_path, 
     out_json = tmp_path / "realistic.json"
     args = ["--realistic", "--vocab-size", "300", "--hidden-size", "64", "--rounds", "2", "--warmup", "1"]
     args += ["--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "3", "--threads", "1"]
-    args += ["--sides", "grpo", "clip_v", "grpo_unfused", "grpo_separate", "--json", str(out_json)]
+    args += ["--sides", "grpo", "clip_v", "grpo_full_logits", "grpo_separate", "--json", str(out_json)]
     summary = bench.main(args)
     printed = capsys.readouterr().out
     assert "realistic shape: vocab 300, hidden 64" in printed
     saved = json.loads(out_json.read_text())
-    assert [list(r) for r in saved["rounds"]] == [["grpo", "clip_v", "grpo_unfused", "grpo_separate"]] * 2
+    assert [list(r) for r in saved["rounds"]] == [["grpo", "clip_v", "grpo_full_logits", "grpo_separate"]] * 2
     for r in saved["rounds"]:
         for result in r.values():
             run = result["run"]
             assert run["rollouts"] == [4, 4] and len(run["seconds"]) == 1 and result["peak_rss_mib"] > 50
             assert set(run["phases"][0]) >= {"generate", "statistics_pass", "update"}
             assert all(1 <= t <= 12 for t in run["tokens"])
-    assert set(summary["overheads"]) == {"clip_v", "grpo_unfused", "grpo_separate"}
+    assert set(summary["overheads"]) == {"clip_v", "grpo_full_logits", "grpo_separate"}
     assert len(summary["overheads"]["clip_v"]["wall"]["rounds"]) == 2
 
 

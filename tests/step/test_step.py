@@ -112,8 +112,8 @@ def test_mask_providers_still_serve_modules_that_only_ask_for_masks():
         callback.setup(None, _OnlyMasks(), "fit")  # no error: keep masks are what the module asks for
 
 
-def test_fused_forward_skips_padding_and_matches_full_logits(tiny_model_dir, monkeypatch):
-    """Only the real response tokens go through the fused vocabulary pass; their statistics and the parameter
+def test_blockwise_forward_skips_padding_and_matches_full_logits(tiny_model_dir, monkeypatch):
+    """Only the real response tokens go through the blockwise vocabulary pass; their statistics and the parameter
     gradients equal the full-logits path's, and padded positions read 0."""
     from transformers import AutoModelForCausalLM
 
@@ -131,24 +131,26 @@ def test_fused_forward_skips_padding_and_matches_full_logits(tiny_model_dir, mon
         forward_mod, "linear_entropy_stats", lambda h, *a, **k: rows_seen.append(h.shape[0]) or real(h, *a, **k)
     )
     results = {}
-    for fused in (True, False):
+    for blockwise in (True, False):
         model.zero_grad()
-        stats = forward_mod.response_forward(model, rollout, temperature=0.7, policy_average=True, fused=fused).stats
+        stats = forward_mod.response_forward(
+            model, rollout, temperature=0.7, policy_average=True, blockwise=blockwise
+        ).stats
         loss = (response_mask * (stats.logprobs + 0.3 * stats.entropy)).sum()
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
-        results[fused] = (stats, grads)
+        results[blockwise] = (stats, grads)
     assert rows_seen == [int(response_mask.sum())]  # 11 of 15 positions
-    (fused_stats, fused_grads), (full_stats, full_grads) = results[True], results[False]
-    for got, want in zip(fused_stats, full_stats, strict=True):
+    (blockwise_stats, blockwise_grads), (full_stats, full_grads) = results[True], results[False]
+    for got, want in zip(blockwise_stats, full_stats, strict=True):
         torch.testing.assert_close(got[response_mask], want[response_mask].detach(), atol=1e-5, rtol=1e-5)
         assert bool((got[~response_mask] == 0).all())
-    for got, want in zip(fused_grads, full_grads, strict=True):
+    for got, want in zip(blockwise_grads, full_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_fused_loss_path_matches_the_unfused_update_loss(tiny_model_dir, monkeypatch, loss_agg_mode):
+def test_blockwise_loss_path_matches_the_full_logits_update_loss(tiny_model_dir, monkeypatch, loss_agg_mode):
     """A separate update forward forms the head's gradient inside the vocabulary pass: its loss, logged terms and
     every parameter gradient equal the full-logits path's (clipped ratios, KL, entropy bonus, token penalty on)."""
     from transformers import AutoModelForCausalLM
@@ -165,7 +167,7 @@ def test_fused_loss_path_matches_the_unfused_update_loss(tiny_model_dir, monkeyp
     attention_mask = torch.cat([torch.ones(n, prompt, dtype=torch.long), response_mask.long()], dim=1)
     rollout = RolloutBatch(sequences=sequences, attention_mask=attention_mask, response_mask=response_mask)
     with torch.no_grad():
-        current = forward_mod.response_forward(model, rollout, temperature=0.8, fused=False).stats.logprobs
+        current = forward_mod.response_forward(model, rollout, temperature=0.8, blockwise=False).stats.logprobs
     # Old log-probs off by up to +-0.5 so that both ratio clips bind on some tokens.
     old = current + torch.empty(n, width).uniform_(-0.5, 0.5, generator=gen)
     adv = torch.tensor([1.0, -0.5, 2.0, -1.5]).unsqueeze(1).expand(n, width).contiguous()
@@ -182,18 +184,18 @@ def test_fused_loss_path_matches_the_unfused_update_loss(tiny_model_dir, monkeyp
     real = forward_mod.linear_entropy_loss
     monkeypatch.setattr(forward_mod, "linear_entropy_loss", lambda *a, **k: calls.append(1) or real(*a, **k))
     results = {}
-    for fused in (True, False):
-        settings = RFTSettings.build(sampling=sampling, loss=loss, policy=PolicyConfig(fused_lm_head=fused))
+    for blockwise in (True, False):
+        settings = RFTSettings.build(sampling=sampling, loss=loss, policy=PolicyConfig(blockwise_lm_head=blockwise))
         model.zero_grad()
         out = rows_update_loss(model, rows, settings, normalizer=float(keep.sum()))
         out.loss.backward()
-        results[fused] = (out, [p.grad.clone() for p in model.parameters()])
+        results[blockwise] = (out, [p.grad.clone() for p in model.parameters()])
     assert calls == [1]
-    (fused_out, fused_grads), (full_out, full_grads) = results[True], results[False]
-    torch.testing.assert_close(fused_out.loss.detach(), full_out.loss.detach(), rtol=1e-5, atol=1e-6)
-    assert fused_out.terms.keys() == full_out.terms.keys() >= {"pg_loss", "kl", "entropy_bonus", "token_penalty"}
-    for key, value in fused_out.terms.items():
+    (blockwise_out, blockwise_grads), (full_out, full_grads) = results[True], results[False]
+    torch.testing.assert_close(blockwise_out.loss.detach(), full_out.loss.detach(), rtol=1e-5, atol=1e-6)
+    assert blockwise_out.terms.keys() == full_out.terms.keys() >= {"pg_loss", "kl", "entropy_bonus", "token_penalty"}
+    for key, value in blockwise_out.terms.items():
         torch.testing.assert_close(value, full_out.terms[key], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(fused_out.ratio[keep], full_out.ratio[keep], rtol=1e-5, atol=1e-6)
-    for got, want in zip(fused_grads, full_grads, strict=True):
+    torch.testing.assert_close(blockwise_out.ratio[keep], full_out.ratio[keep], rtol=1e-5, atol=1e-6)
+    for got, want in zip(blockwise_grads, full_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from lit_entropy import protocol
 from lit_entropy.assets import default_model_path
 from lit_entropy.data.source import PromptSource
+from lit_entropy.internals.lightning import attached_trainer
 from lit_entropy.reporting.dashboard import TrainDashboard, lightning_log_step, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.rewards import check_rewards, resolve_reward_fn
@@ -127,7 +128,8 @@ class RFTModule(LightningModule):
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
             from lit_entropy.distributed.fsdp2 import shard_models
 
-            precision = str(self.trainer.precision) if self._trainer is not None else ""
+            trainer = attached_trainer(self)
+            precision = str(trainer.precision) if trainer is not None else ""
             dtype = self.settings.policy.fsdp_param_dtype or ("bfloat16" if precision == "bf16-mixed" else None)
             shard_models(self, self.device_mesh, dtype)
             # FSDP2 loads model states strictly and the frozen reference is not in checkpoints.
@@ -137,7 +139,7 @@ class RFTModule(LightningModule):
         from lit_entropy.models.loading import check_context_length, load_tokenizer
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
-        data = self._trainer.datamodule if self._trainer is not None else None
+        data = getattr(attached_trainer(self), "datamodule", None)
         longest = data.longest_prompt_tokens() if isinstance(data, PromptSource) else None
         needed = max(self.settings.sampling.max_new_tokens, self.evaluation_sampling().max_new_tokens)
         check_context_length(self.model_name_or_path, longest, needed)
@@ -231,7 +233,7 @@ class RFTModule(LightningModule):
         ``update_forward`` for :meth:`update` instead of being recomputed.
         """
         rows = rollout.response_mask.shape[0]
-        want_average = "policy_average" in protocol.required_token_mask_fields(self._trainer)
+        want_average = "policy_average" in protocol.required_token_mask_fields(attached_trainer(self))
         reuse = self.reuses_statistics_forward(rows)
         parts = []
         for part in row_slices(rows, self.settings.update.micro_batch_size):
@@ -247,7 +249,7 @@ class RFTModule(LightningModule):
 
     def apply_token_callbacks(self, experience: Experience) -> Experience:
         """Ask the callbacks (on every rank) for keep masks, token penalties and this batch's loss coefficients."""
-        context, trainer = experience.token_context(), self._trainer
+        context, trainer = experience.token_context(), attached_trainer(self)
         experience.coefficients = {
             **self.loss_coefficients(),
             **protocol.collect_loss_coefficients(trainer, self, context),
@@ -326,7 +328,7 @@ class RFTModule(LightningModule):
             log_samples(self.logger.experiment, step, experience, batch, completions, n)
 
     def on_validation_epoch_start(self) -> None:
-        self.evaluator.reset(dataset_classes(self._trainer))
+        self.evaluator.reset(dataset_classes(attached_trainer(self)))
 
     on_test_epoch_start = on_validation_epoch_start
 
@@ -367,7 +369,7 @@ class RFTModule(LightningModule):
 
     def updates_per_rollout_batch(self) -> int:
         """Optimizer steps per rollout batch (epochs x mini-batches)."""
-        data = self._trainer.datamodule if self._trainer is not None else None
+        data = getattr(attached_trainer(self), "datamodule", None)
         prompts = data.prompts_per_step() if isinstance(data, PromptSource) else 1
         return updates_per_batch(prompts * self.settings.sampling.num_samples, self.settings.update)
 
@@ -397,5 +399,5 @@ class RFTModule(LightningModule):
         """
         from lit_entropy.models.export import export_module_policy
 
-        self.export_path = export_module_policy(self, path or self.settings.logging.export_dir, self._trainer)
+        self.export_path = export_module_policy(self, path or self.settings.logging.export_dir, attached_trainer(self))
         return self.export_path

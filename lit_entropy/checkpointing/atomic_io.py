@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 __all__ = [
@@ -45,7 +44,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     transactional write.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None:
             raise ValueError(f"storage_options is not supported by AtomicCheckpointIO, got {storage_options!r}")
         if "://" in str(path) and not str(path).startswith("file://"):

@@ -24,6 +24,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lit_entropy.checkpointing.atomic_io import AtomicCheckpointIO
 from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
+from lit_entropy.internals.lightning import (
+    cluster_environment,
+    hpc_checkpoint_path,
+    last_saved_step,
+    load_pending_loader_states,
+    mark_saved_step,
+    rewind_logger_step,
+    saved_loader_states,
+)
 
 __all__ = ["ResumableCheckpointing"]
 
@@ -108,7 +117,7 @@ class ResumableCheckpointing(Callback):
         self._pending = checkpoint.get(_RNG_KEY)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        _load_pending_loader_states(trainer)
+        load_pending_loader_states(trainer)
         if self._pending:
             rank, world = _world()
             if len(self._pending) != world:
@@ -139,7 +148,7 @@ class ResumableCheckpointing(Callback):
         wanted = {signal.SIGTERM: _STOP_INTERRUPT}
         if trainer.world_size > 1:
             wanted[signal.SIGINT] = _STOP_INTERRUPT
-        environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        environment = cluster_environment(trainer)
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and hasattr(signal, "SIGUSR1"):
             wanted[environment.requeue_signal or signal.SIGUSR1] = _STOP_REQUEUE
         for signum, code in wanted.items():
@@ -179,8 +188,7 @@ class ResumableCheckpointing(Callback):
             return
         if code_value == _STOP_REQUEUE:
             # Lightning resumes a requeued SLURM job from the newest hpc_ckpt_N.ckpt of default_root_dir.
-            connector = trainer._checkpoint_connector
-            path = Path(connector.hpc_save_path(trainer.default_root_dir))
+            path = hpc_checkpoint_path(trainer)
         else:
             path = _interrupt_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
@@ -249,12 +257,12 @@ def _refresh_last_checkpoints(trainer: Trainer) -> None:
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.dirpath is None:
             continue
-        if getattr(callback, "_last_global_step_saved", None) == trainer.global_step or trainer.global_step == 0:
+        if last_saved_step(callback) == trainer.global_step or trainer.global_step == 0:
             continue
         path = str(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
         trainer.save_checkpoint(path, weights_only=callback.save_weights_only)
         callback.last_model_path = path
-        callback._last_global_step_saved = trainer.global_step
+        mark_saved_step(callback, trainer.global_step)
 
 
 def _slurm_requeue() -> None:
@@ -280,33 +288,13 @@ def _interrupt_checkpoint_path(trainer: Trainer) -> Path:
     return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "interrupted.ckpt"
 
 
-def _load_pending_loader_states(trainer: Trainer) -> None:
-    """Hand the saved data position to the training loader if Lightning has not.
-
-    Lightning restores loader states in ``FitLoop.setup_data`` only while restarting, but a
-    ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` (ours does, for the LR
-    schedule) sets the data up *before* the loops are restored, and the states are then never applied
-    (lightning 2.6). The resumable loader applies a state at its first ``next``, which comes after
-    ``on_train_start``, so loading it here is in time.
-    """
-    fit_loop = trainer.fit_loop
-    states = getattr(fit_loop, "_combined_loader_states_to_load", None)
-    loader = getattr(fit_loop, "_combined_loader", None)
-    if states and loader is not None:
-        loader._load_state_dicts(states)
-        fit_loop._combined_loader_states_to_load = []
-
-
 def _rewind_loader_position(checkpoint: dict[str, Any]) -> None:
     """Mark the batch in progress as not consumed (Lightning's progress counters already exclude it).
 
     Lightning adds one to the logging step when it resumes a batch that had not ended; the interrupted
     batch had not stepped either, so take it back.
     """
-    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
-    epoch_loop = fit_loop.get("epoch_loop.state_dict", {})
-    if "_batches_that_stepped" in epoch_loop:
-        epoch_loop["_batches_that_stepped"] = max(0, int(epoch_loop["_batches_that_stepped"]) - 1)
-    for state in fit_loop.get("state_dict", {}).get("combined_loader", []):
+    rewind_logger_step(checkpoint)
+    for state in saved_loader_states(checkpoint):
         if isinstance(state, dict) and {"epoch", "batches", "batch_size", "num_replicas"} <= set(state):
             state["batches"] = max(0, int(state["batches"]) - 1)

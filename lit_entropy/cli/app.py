@@ -195,7 +195,9 @@ def _resuming(cli: RFTCLI, fit: Any) -> bool:
         return True
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    return SLURMEnvironment.detect() and cli.trainer._checkpoint_connector._hpc_resume_path is not None
+    from lit_entropy.internals.lightning import hpc_resume_path
+
+    return SLURMEnvironment.detect() and hpc_resume_path(cli.trainer) is not None
 
 
 # --------------------------------------------------------------------------- safety settings (issue 11)

@@ -20,6 +20,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.constants import default_pg_timeout
 
+from lit_entropy.internals.lightning import set_data_parallel_size
+from lit_entropy.internals.transformers import decoder_layer_class_names, mark_fsdp_managed
+
 __all__ = ["FSDP2Strategy", "decoder_layers", "full_state_dict", "shard_models", "unwrapped_class"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -53,15 +56,16 @@ class FSDP2Strategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self.save_distributed_checkpoint = save_distributed_checkpoint
 
     def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        set_data_parallel_size(self, self.num_nodes * self.num_processes)
         super().setup_environment()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Consolidated: the parent's path (an atomic file write). Sharded: every rank writes into a sibling
         temp directory, which rank 0 then swaps in, so a crash mid-write leaves the previous checkpoint whole."""
-        if not self._save_distributed_checkpoint:
+        if not self.save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         from lit_entropy.checkpointing.atomic_io import remove_stale_temporaries, swap_directory_in, temporary_name
 
@@ -83,12 +87,12 @@ class FSDP2Strategy(ModelParallelStrategy):
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a Hugging Face model: modules whose class is in ``model._no_split_modules``.
+    """The transformer blocks of a Hugging Face model: modules of the classes it names as not to be split.
 
     Raises:
         ValueError: when the model names no such class or none is found.
     """
-    names = set(getattr(model, "_no_split_modules", None) or [])
+    names = decoder_layer_class_names(model)
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(
@@ -142,9 +146,7 @@ def shard_models(module: Any, mesh: Any, param_dtype: str | None = None) -> None
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        # Makes HF ``generate`` default to synced_gpus=True: ranks whose completions finish early keep
-        # running forward passes, so the per-layer all-gathers stay matched across ranks.
-        model._is_fsdp_managed_module = True
+        mark_fsdp_managed(model)  # HF ``generate`` then keeps the ranks' all-gathers matched
     head = getattr(module, "value_head", None)
     if head is not None and not isinstance(head, FSDPModule):
         fully_shard(head, mesh=mesh, mp_policy=mp)

@@ -89,7 +89,7 @@ def export_hf_model(
 
     target = check_export_target(path, overwrite=overwrite, setting=setting) if write else Path(path)
     state = full_state_dict(policy)  # collective under FSDP2
-    tied = getattr(policy, "_tied_weights_keys", None)
+    tied = getattr(policy, "all_tied_weights_keys", None)  # {target: source}, set by PreTrainedModel.post_init
     if isinstance(tied, dict) and getattr(policy.config, "tie_word_embeddings", False):
         # gathered shards are separate tensors: drop the tied copies the loader re-ties
         for key, source in tied.items():

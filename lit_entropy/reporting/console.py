@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from lit_entropy.internals.lightning import logger_step
 from lit_entropy.reporting.evaluation import evaluation_tags
 
 __all__ = ["ConsoleMetrics"]
@@ -31,7 +32,7 @@ class ConsoleMetrics(Callback):
         self._last: tuple[float, int] | None = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._last = (time.perf_counter(), trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self._last = (time.perf_counter(), logger_step(trainer))
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
@@ -39,7 +40,7 @@ class ConsoleMetrics(Callback):
         if self.stream is None and stream.isatty():
             return
         # Lightning increases the counter only after this hook: +1 counts this batch.
-        done = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        done = logger_step(trainer) + 1
         if done % max(trainer.log_every_n_steps, 1) and not trainer.should_stop:
             return
         print(self.line(trainer, done), file=stream, flush=True)

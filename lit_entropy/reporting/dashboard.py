@@ -23,6 +23,8 @@ from torch import Tensor, nn
 
 from lit_entropy import protocol
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
+from lit_entropy.internals.lightning import attached_trainer
+from lit_entropy.internals.lightning import logger_step as lightning_log_step
 from lit_entropy.metrics import ClipRatio, TokenEntropy
 from lit_entropy.rollout.base import RolloutEngine
 
@@ -74,7 +76,7 @@ class TagPlan:
     @staticmethod
     def of(module: Any) -> TagPlan:
         """The plan of an :class:`~lit_entropy.module.RFTModule` attached to its trainer."""
-        settings, trainer = module.settings, module._trainer
+        settings, trainer = module.settings, attached_trainer(module)
         return TagPlan(
             off_policy=module.updates_per_rollout_batch() > 1,
             lr_changes=settings.optim.warmup_steps > 0 or settings.optim.lr_schedule != "constant",
@@ -208,17 +210,6 @@ def loss_scalars(terms: dict[str, float], plan: TagPlan) -> dict[str, float]:
         if "value_clip_frac" in terms:
             out["train/clip/value"] = terms["value_clip_frac"]
     return out
-
-
-def lightning_log_step(trainer: Any) -> int:
-    """The step Lightning writes this training batch's ``self.log`` scalars at.
-
-    Lightning's logger connector logs at ``fit_loop.epoch_loop._batches_that_stepped``, which counts the
-    finished training batches and is increased only after the batch's metrics are written; during
-    ``training_step`` of batch ``i`` (from the start) it is ``i``, whereas ``global_step`` already counts
-    the optimizer steps taken in that batch.
-    """
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 class TrainDashboard(nn.Module):

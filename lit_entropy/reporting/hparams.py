@@ -10,6 +10,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from lit_entropy.internals.tensorboard import event_file_writer
 from lit_entropy.reporting.evaluation import evaluation_tags
 
 __all__ = ["HParamsSummary", "callback_init_args", "flatten_hparams", "run_hparams"]
@@ -81,6 +82,6 @@ class HParamsSummary(Callback):
         tags = evaluation_tags("val", settings.evaluation.num_samples, settings.evaluation.pass_ks())
         params = run_hparams(trainer, pl_module)
         for logger in loggers:
-            writer = logger.experiment._get_file_writer()
+            writer = event_file_writer(logger.experiment)
             for summary in hparams(params, dict.fromkeys(tags, 0.0)):
                 writer.add_summary(summary)

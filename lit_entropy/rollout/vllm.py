@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from lit_entropy.internals.vllm import detach_client_finalizer
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids
 
 __all__ = ["VLLMRolloutEngine", "hf_weight_name", "iter_hf_weights"]
@@ -310,9 +311,7 @@ class VLLMRolloutEngine(RolloutEngine):
             if client is not None and hasattr(client, "shutdown"):
                 client.shutdown()
         else:
-            finalizer = getattr(client, "_finalizer", None)
-            if finalizer is not None:
-                finalizer.detach()
+            detach_client_finalizer(client)
             executor = getattr(getattr(client, "engine_core", None), "model_executor", None)
             if executor is not None:
                 executor.shutdown()

@@ -16,6 +16,7 @@ from lit_entropy.callbacks import EntropyDiscriminatorClipping
 from lit_entropy.checkpointing import AtomicCheckpointIO
 from lit_entropy.cli import export_main
 from lit_entropy.data.datamodule import PromptDataModule
+from lit_entropy.internals.lightning import logger_step
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
 from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
@@ -42,7 +43,7 @@ class Recorder(Callback):
         self.rows[batch_idx + 1]["global_step"] = float(trainer.global_step)
         self.rows[batch_idx + 1]["prompt_sum"] = float(batch["input_ids"].sum())
         # the step the logger writes this batch's metrics at
-        self.rows[batch_idx + 1]["log_step"] = float(trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.rows[batch_idx + 1]["log_step"] = float(logger_step(trainer))
 
 
 def _module(model_dir: str, **extra) -> RFTModule:

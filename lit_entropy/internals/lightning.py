@@ -1,0 +1,124 @@
+"""Private Lightning (2.6) state that lit_entropy reads or changes, each in one function.
+
+Pinned by ``tests/internals/test_lightning.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningModule
+
+__all__ = [
+    "LOGGER_STEP_KEY",
+    "attached_trainer",
+    "callback_state_key",
+    "cluster_environment",
+    "hpc_checkpoint_path",
+    "hpc_resume_path",
+    "last_saved_step",
+    "load_pending_loader_states",
+    "logger_step",
+    "mark_saved_step",
+    "rewind_logger_step",
+    "saved_loader_states",
+    "set_data_parallel_size",
+]
+
+LOGGER_STEP_KEY = "_batches_that_stepped"
+"""The training epoch loop's counter of finished training batches: the step Lightning logs at."""
+
+
+def attached_trainer(module: Any) -> Any | None:
+    """The Trainer ``module`` is attached to, or None (``module.trainer`` raises instead when there is none).
+
+    Anything that is not a LightningModule (a test double, a user's own module) answers with its
+    ``trainer`` attribute, if any.
+    """
+    if isinstance(module, LightningModule):
+        return module._trainer
+    return getattr(module, "trainer", None)
+
+
+def callback_state_key(callback: Any, **settings: Any) -> str:
+    """A callback's ``state_key`` that tells apart instances with different ``settings`` (Lightning's own format,
+    ``"<ClassName>{<settings>}"``, so checkpoints written before keep loading)."""
+    return callback._generate_state_key(**settings)
+
+
+def logger_step(trainer: Any) -> int:
+    """The step Lightning writes this training batch's ``self.log`` scalars at.
+
+    Lightning's logger connector logs at ``fit_loop.epoch_loop._batches_that_stepped``, which counts the
+    finished training batches and is increased only after the batch's metrics are written (after
+    ``on_train_batch_end``); during training batch ``i`` (from the start) it is ``i``, whereas
+    ``global_step`` already counts the optimizer steps taken in that batch.
+    """
+    return int(getattr(trainer.fit_loop.epoch_loop, LOGGER_STEP_KEY))
+
+
+def rewind_logger_step(checkpoint: dict[str, Any]) -> None:
+    """Take one off the logging step saved in ``checkpoint`` (a batch in progress that had not stepped).
+
+    Lightning adds one to the logging step when it resumes a batch that had not ended.
+    """
+    epoch_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    if LOGGER_STEP_KEY in epoch_loop:
+        epoch_loop[LOGGER_STEP_KEY] = max(0, int(epoch_loop[LOGGER_STEP_KEY]) - 1)
+
+
+def saved_loader_states(checkpoint: dict[str, Any]) -> list[Any]:
+    """The training loaders' ``state_dict`` entries saved in ``checkpoint`` (the list itself: edit in place)."""
+    return checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader", [])
+
+
+def load_pending_loader_states(trainer: Any) -> bool:
+    """Hand the saved data position to the training loader if Lightning has not; True when it did.
+
+    Lightning restores loader states in ``FitLoop.setup_data`` only while restarting, but a
+    ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` sets the data up *before*
+    the loops are restored, and the states are then never applied (lightning 2.6).
+    """
+    fit_loop = trainer.fit_loop
+    states = fit_loop._combined_loader_states_to_load
+    loader = fit_loop._combined_loader
+    if not states or loader is None:
+        return False
+    loader._load_state_dicts(states)
+    fit_loop._combined_loader_states_to_load = []
+    return True
+
+
+def hpc_checkpoint_path(trainer: Any) -> Path:
+    """Where Lightning's SLURM requeue checkpoint goes: the next ``hpc_ckpt_<N>.ckpt`` of ``default_root_dir``."""
+    return Path(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
+
+
+def hpc_resume_path(trainer: Any) -> str | None:
+    """The ``hpc_ckpt_<N>.ckpt`` a requeued SLURM job resumes from without ``--ckpt_path``, or None."""
+    return trainer._checkpoint_connector._hpc_resume_path
+
+
+def cluster_environment(trainer: Any) -> Any | None:
+    """The trainer's cluster environment (e.g. ``SLURMEnvironment``), also for single-device strategies."""
+    return trainer._accelerator_connector.cluster_environment
+
+
+def last_saved_step(callback: Any) -> int:
+    """The ``global_step`` a ``ModelCheckpoint`` last saved at (0 before its first save)."""
+    return callback._last_global_step_saved
+
+
+def mark_saved_step(callback: Any, step: int) -> None:
+    """Tell a ``ModelCheckpoint`` that a checkpoint was written at ``step`` (it skips a second save there)."""
+    callback._last_global_step_saved = step
+
+
+def set_data_parallel_size(strategy: Any, size: int) -> None:
+    """Set a ``ModelParallelStrategy``'s data-parallel size before its ``setup_environment`` builds the mesh.
+
+    Its ``data_parallel_size="auto"`` means one replica per node (tensor parallel inside a node); FSDP2
+    over every process needs ``num_nodes * num_processes``, known only once the strategy is set up.
+    """
+    strategy._data_parallel_size = size

@@ -32,6 +32,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lit_entropy.distributed.collectives import all_reduce_sum
+from lit_entropy.internals.lightning import attached_trainer
 from lit_entropy.protocol import TOKEN_REQUESTS, check_token_masking_module
 
 __all__ = ["LEGACY_STATE_KEYS", "TokenCallback", "check_log_prefix", "module_is_attached"]
@@ -54,10 +55,10 @@ def check_log_prefix(log_prefix: Any) -> str:
 def module_is_attached(pl_module: Any) -> bool:
     """Whether ``pl_module`` is a module attached to a trainer, i.e. ``pl_module.log`` would record a value.
 
-    The one place the callbacks read Lightning's private ``_trainer``: the public ``trainer`` property raises
-    when there is none, and ``log`` without a trainer only warns.
+    The public ``trainer`` property raises when there is none (hence ``internals.lightning.attached_trainer``),
+    and ``log`` without a trainer only warns.
     """
-    return callable(getattr(pl_module, "log", None)) and getattr(pl_module, "_trainer", None) is not None
+    return callable(getattr(pl_module, "log", None)) and attached_trainer(pl_module) is not None
 
 
 class TokenCallback(Callback):

@@ -25,6 +25,7 @@ from lit_entropy.functional.clipping import (
 )
 from lit_entropy.functional.masked import masked_moments
 from lit_entropy.functional.selection import TopKCut
+from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext
 
 __all__ = ["EntropyDiscriminatorClipping"]
@@ -95,7 +96,7 @@ class EntropyDiscriminatorClipping(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(method=self.method, mu=self.mu, symmetric=self.symmetric)
+        return callback_state_key(self, method=self.method, mu=self.mu, symmetric=self.symmetric)
 
     @override
     def describe(self) -> str:

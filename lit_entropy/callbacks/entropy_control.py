@@ -41,6 +41,7 @@ from lit_entropy.functional.covariance import (
 )
 from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef, check_adaptive_entropy_args
 from lit_entropy.functional.selection import top_k_mask
+from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext, updates_per_rollout_batch
 
 __all__ = ["AdaptiveEntropyBonus", "ClipCov", "HighEntropySelection", "KLCov"]
@@ -105,7 +106,7 @@ class ClipCov(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub)
+        return callback_state_key(self, ratio=self.clip_cov_ratio, lb=self.clip_cov_lb, ub=self.clip_cov_ub)
 
     def _generator(self) -> torch.Generator:
         # A different draw per rollout batch, the same on every rank, reproducible after a resume.
@@ -179,7 +180,7 @@ class KLCov(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(ratio=self.kl_cov_ratio, coef=self.ppo_kl_coef)
+        return callback_state_key(self, ratio=self.kl_cov_ratio, coef=self.ppo_kl_coef)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -238,7 +239,7 @@ class HighEntropySelection(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(rho=self.rho)
+        return callback_state_key(self, rho=self.rho)
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask from the global top-k. Must be called on every rank."""
@@ -296,7 +297,7 @@ class AdaptiveEntropyBonus(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(target=self.entropy_target)
+        return callback_state_key(self, target=self.entropy_target)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

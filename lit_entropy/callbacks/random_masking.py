@@ -13,6 +13,7 @@ from lit_entropy.distributed.collectives import all_reduce_sum
 from lit_entropy.functional.checks import check_seed
 from lit_entropy.functional.clipping import check_clip_b_args, clip_b_mask, finite_mask
 from lit_entropy.functional.masked import masked_moments
+from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext
 
 __all__ = ["RandomNegativeMasking"]
@@ -49,7 +50,7 @@ class RandomNegativeMasking(TokenCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(mu=self.mu, seed=self.seed)
+        return callback_state_key(self, mu=self.mu, seed=self.seed)
 
     def _rng(self, rank: int) -> torch.Generator:
         if self._generator is None:

@@ -245,7 +245,7 @@ class _Recorder:
     """A module attached to a trainer, as far as the logging guard can tell; records what it is asked to log."""
 
     def __init__(self, attached: bool) -> None:
-        self._trainer = object() if attached else None
+        self.trainer = object() if attached else None
         self.logged: dict[str, float] = {}
 
     def log(self, name, value, **kwargs):

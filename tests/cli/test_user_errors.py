@@ -323,7 +323,7 @@ def test_the_callback_logs_the_share_of_non_finite_tokens():
     logged = {}
 
     class Module:
-        _trainer = object()
+        trainer = object()
 
         def log(self, name, value, **kwargs):
             logged[name] = value

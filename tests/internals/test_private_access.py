@@ -126,27 +126,8 @@ def _violations(trees: dict[Path, ast.Module]) -> list[str]:
     return found
 
 
-# Redirected to lit_entropy.internals once the callbacks' common base lands (issue 20, item 3 is rewriting
-# these files): (folder, private name) still allowed there. test_pending_exceptions_are_still_needed fails
-# as soon as one is no longer used, so the exception cannot outlive the code.
-PENDING = {("lit_entropy/callbacks", "_trainer"), ("lit_entropy/callbacks", "_generate_state_key")}
-
-
-def _pending(violation: str) -> tuple[str, str] | None:
-    where, access = violation.split(": ", 1)
-    for folder, name in PENDING:
-        if where.startswith(folder + "/") and access.endswith("." + name):
-            return folder, name
-    return None
-
-
-def test_pending_exceptions_are_still_needed() -> None:
-    used = {_pending(v) for v in _violations(_sources())}
-    assert PENDING <= used, f"no longer used, remove from PENDING: {sorted(PENDING - used)}"
-
-
 def test_no_private_state_of_other_libraries_outside_internals() -> None:
-    found = [v for v in _violations(_sources()) if _pending(v) is None]
+    found = _violations(_sources())
     assert not found, (
         "private attributes of other libraries' objects are touched outside lit_entropy/internals/ (add or use an "
         "adapter there, pinned by a test in tests/internals/):\n" + "\n".join(found)

@@ -1,0 +1,194 @@
+"""Reading prompt sources into ``datasets.Dataset`` tables: the embedded ``"arithmetic"`` task, local
+json/jsonl/parquet/csv files or directories, and Hugging Face Hub datasets; plus reading one (dotted) field
+of every row.
+
+Every error names the setting (``train_dataset``, ``val_split``, ``prompt_key``, ...) and its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ARITHMETIC_DATASET",
+    "BUILDERS",
+    "check_utf8",
+    "extract_field",
+    "is_local",
+    "load_arithmetic",
+    "load_hub",
+    "load_local",
+    "load_table",
+    "source_line",
+]
+
+#: Name of the embedded synthetic task accepted by ``train_dataset`` / ``val_dataset``.
+ARITHMETIC_DATASET = "arithmetic"
+
+#: File extension -> ``datasets`` builder name.
+BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def is_local(spec: str) -> bool:
+    """Whether ``spec`` names a local path (existing, path-like, or with a data-file extension)."""
+    path = Path(spec).expanduser()
+    return path.exists() or spec.startswith(("/", "./", "../", "~")) or path.suffix.lower() in BUILDERS
+
+
+def load_arithmetic(split: str, count: int, count_setting: str, seed: int, options: Mapping[str, Any]) -> Any:
+    """``count`` problems of the embedded task's ``split`` ("train" / "validation") as a ``datasets.Dataset``
+    with ``prompt`` / ``answer`` columns; ``options`` are extra ``make_arithmetic_examples`` arguments."""
+    import datasets
+
+    from lit_entropy.data.arithmetic import make_arithmetic_examples
+
+    try:
+        rows = make_arithmetic_examples(split, count, seed=seed, **options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"cannot build the arithmetic {split!r} split with {count_setting}={count}, "
+            f"arithmetic_options={dict(options)!r}: {err}"
+        ) from err
+    return datasets.Dataset.from_list(rows)
+
+
+def load_table(
+    setting: str, spec: str, split_setting: str, split: str, limit: int | None, cache_dir: str | None
+) -> Any:
+    """The ``datasets.Dataset`` of a local or Hub source ``setting=spec``, its first ``limit`` rows (None: all)."""
+    if is_local(spec):
+        table = load_local(setting, spec, split_setting, split, cache_dir)
+    else:
+        table = load_hub(setting, spec, split_setting, split, cache_dir)
+    if limit is not None and limit < len(table):
+        table = table.select(range(limit))
+    if len(table) == 0:
+        raise ValueError(f"{setting}={spec!r} ({split_setting}={split!r}) is empty")
+    return table
+
+
+def load_local(setting: str, spec: str, split_setting: str, split: str, cache_dir: str | None) -> Any:
+    """Split ``split`` of a local file (one of :data:`BUILDERS`, loaded as split "train"), a directory of data
+    files (splits from the file names) or a ``save_to_disk`` directory."""
+    import datasets
+
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ValueError(f"{setting}={spec!r} does not exist")
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.Dataset):  # a single saved split
+            loaded = datasets.DatasetDict({"train": loaded})
+    elif path.is_dir():
+        try:
+            loaded = datasets.load_dataset(str(path), cache_dir=cache_dir)
+        except Exception as err:  # datasets raises several types for unusable directories
+            raise ValueError(f"{setting}={spec!r}: cannot load the directory with datasets: {err}") from err
+    else:
+        builder = BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(
+                f"{setting}={spec!r} has unsupported extension {path.suffix!r}; expected one of {sorted(BUILDERS)}"
+            )
+        if builder in ("json", "csv"):
+            check_utf8(setting, spec, path)
+        try:
+            loaded = datasets.load_dataset(builder, data_files=str(path), cache_dir=cache_dir)
+        except Exception as err:  # malformed files raise builder-specific errors
+            raise ValueError(f"{setting}={spec!r}: cannot read the {builder} file: {err}") from err
+    if split not in loaded:
+        raise ValueError(f"{split_setting}={split!r} is not a split of {setting}={spec!r} (splits: {list(loaded)})")
+    return loaded[split]
+
+
+def load_hub(setting: str, spec: str, split_setting: str, split: str, cache_dir: str | None) -> Any:
+    """Split ``split`` of the Hub dataset ``spec`` (downloaded once into ``cache_dir``)."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(spec, split=split, cache_dir=cache_dir)
+    except Exception as err:  # offline, unknown name, unknown split, ...
+        raise ValueError(
+            f"{setting}={spec!r} is not a local path and cannot be loaded from the Hugging Face Hub "
+            f"({split_setting}={split!r}): {err}"
+        ) from err
+
+
+def check_utf8(setting: str, spec: str, path: Path) -> None:
+    """Name the file, line and bytes of the first invalid UTF-8 sequence of a text data file."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{setting}={spec!r} is not UTF-8 text: line {number}, column {err.start + 1} has the bytes "
+                    f"{line[err.start : err.end + 3]!r}; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+
+
+def source_line(spec: str, row: int) -> int | None:
+    """Line of row ``row`` in a .jsonl / .csv file (blank lines and quoted newlines accounted), else None."""
+    path = Path(spec).expanduser()
+    suffix = path.suffix.lower()
+    if not path.is_file() or suffix not in (".jsonl", ".csv"):
+        return None
+    with open(path, encoding="utf-8", newline="") as handle:
+        if suffix == ".jsonl":
+            starts = [number for number, line in enumerate(handle, start=1) if line.strip()]
+        else:
+            import csv
+
+            reader = csv.reader(handle)
+            starts, previous = [], 0
+            for _ in reader:
+                starts.append(previous + 1)
+                previous = reader.line_num
+            starts = starts[1:]  # the header
+    return starts[row] if row < len(starts) else None
+
+
+def extract_field(table: Any, setting: str, key: str, where: str) -> list[Any]:
+    """Values of field ``key`` (a dotted path through dicts and lists) for every row of a ``datasets.Dataset``.
+
+    A column whose own name contains dots wins over the path reading.
+    """
+    columns = table.column_names
+    if key in columns:
+        return list(table[key])
+    head, *rest = key.split(".")
+    if head not in columns:
+        import difflib
+
+        close = difflib.get_close_matches(head, columns, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{setting}={key!r} is not a column of {where} (available columns: {columns}){hint}")
+    return [_walk(value, setting, key, head, rest, row, where) for row, value in enumerate(table[head])]
+
+
+def _walk(value: Any, setting: str, key: str, head: str, rest: list[str], row: int, where: str) -> Any:
+    """Follow the dotted path ``rest`` below column ``head`` in one row's ``value``."""
+    for depth, part in enumerate(rest):
+        at = ".".join([head, *rest[:depth]])
+        if isinstance(value, Mapping):
+            if part not in value:
+                raise ValueError(
+                    f"{setting}={key!r}: row {row} of {where} has no field {part!r} under {at!r} "
+                    f"(available: {sorted(value)})"
+                )
+            value = value[part]
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            if not part.lstrip("-").isdigit() or not -len(value) <= int(part) < len(value):
+                raise ValueError(
+                    f"{setting}={key!r}: row {row} of {where}: {at!r} is a list of {len(value)} items, "
+                    f"{part!r} is not a valid index"
+                )
+            value = value[int(part)]
+        else:
+            raise ValueError(
+                f"{setting}={key!r}: row {row} of {where}: {at!r} is a {type(value).__name__}, "
+                f"which has no field {part!r}"
+            )
+    return value

@@ -3,7 +3,7 @@
     python scripts/forking_study.py --analyze --out scripts/forking/results
 
 Writes ``summary.json`` (every number the report quotes), ``summary.md`` (tables) and the PNG plots into the
-study directory. The endpoints and the bootstrap are defined in ``forking_study.py`` (fixed before the runs).
+study directory. The endpoints and the bootstrap are defined in ``forking_design.py`` (fixed before the runs).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from lit_entropy.reporting.statistics import Interval, bootstrap_interval
 __all__ = ["analyze", "paired_bootstrap", "per_prompt_metric", "readme_block", "replace_block"]
 
 WEIGHTS = {"forking": dict(zip(STRATEGIES, CLASS_PROBS, strict=True)), "chain": {"chain": 1.0}}
-#: Human labels of the methods (``forking_study.METHODS``) as the README and the report print them.
+#: Human labels of the methods (``forking_design.METHODS``) as the README and the report print them.
 LABELS = {
     "base": "base model",
     "grpo": "GRPO",
@@ -40,7 +40,8 @@ PAPER_ROW = (
 
 
 def _settings():
-    import forking_study as fs
+    """The study's fixed design (``forking_design.py``), passed around as ``fs``."""
+    import forking_design as fs
 
     return fs
 
@@ -551,7 +552,7 @@ def _null_control(paired: list[dict[str, Any]], fork: list[tuple[str, str]]) -> 
 
 def _coverage(result: dict[str, Any], fs: Any, seconds: dict[str, float]) -> list[str]:
     """Which cells of the design grid are incomplete, and the measured wall time (sum of per-run seconds)."""
-    design = fs.grid(fs.parse_args(["--out", "x", "--grid", "full"]))
+    design = fs.full_grid()
     have = {(r["task"], r["base"], r["method"]): r["seeds"] for r in result["compact"]}
     cells: dict[tuple[str, str, str], int] = {}
     for run in design:

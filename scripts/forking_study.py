@@ -37,9 +37,7 @@ import csv
 import json
 import math
 import os
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,41 +50,24 @@ CONFIG_DIR = ROOT / "configs" / "forking"
 MODELS_DIR = Path(os.environ.get("FORKING_MODELS", STUDY_DIR / "models"))
 
 # ------------------------------------------------------------------------------------ fixed design
-#: Method name -> overlay config on top of ``configs/forking/base.yaml``.
-METHODS = {
-    "grpo": "grpo.yaml",
-    "clip_b": "clip_b.yaml",
-    "random_mask": "random_mask.yaml",
-    "clip_v": "clip_v.yaml",
-    "clip_v_rescaled": "clip_v_rescaled.yaml",
-    "entropy_bonus": "entropy_bonus.yaml",
-    "clip_higher": "clip_higher.yaml",
-}
-PRIORITY_METHODS = ("grpo", "clip_b", "random_mask")
-FORK_BASES = ("fork-s0", "fork-s1")
-NEUTRAL_BASE = "chain"
-NEUTRAL_METHODS = ("grpo", "clip_b", "random_mask", "clip_v_rescaled", "entropy_bonus", "clip_higher")
-SEEDS = (0, 1, 2, 3, 4)
-STEPS = 80
-EVAL_EVERY = 10
-TEMPERATURES = (1.0, 0.7)
-KS = (1, 2, 4, 8, 16, 32, 64, 256)  # pass@k reported; 256 matters for the rare classes C and D
-PRIMARY_K = 64
-PRIMARY_T = 1.0
-BOOTSTRAP = 2000
-
-
-@dataclass(frozen=True)
-class Run:
-    task: str  # "forking" or "chain"
-    base: str
-    method: str
-    seed: int
-    steps: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.task}__{self.base}__{self.method}__s{self.seed}"
+# The design lives in forking_design.py (forking_analysis.py reads it too); re-exported for callers of this script.
+from forking_design import (  # noqa: E402, F401  (re-exported: the design as this script's attributes)
+    BOOTSTRAP,
+    EVAL_EVERY,
+    FORK_BASES,
+    KS,
+    METHODS,
+    NEUTRAL_BASE,
+    NEUTRAL_METHODS,
+    PRIMARY_K,
+    PRIMARY_T,
+    PRIORITY_METHODS,
+    SEEDS,
+    STEPS,
+    TEMPERATURES,
+    Run,
+    grid,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,29 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
-
-
-def grid(args: argparse.Namespace) -> list[Run]:
-    steps = 2 if args.smoke else STEPS
-    if args.smoke:
-        runs = [Run("forking", FORK_BASES[0], m, 0, steps) for m in ("grpo", "clip_b", "random_mask")]
-        # The neutral task on a forking base model (same tokenizer): tests the pipeline without the chain model.
-        return runs + [Run("chain", FORK_BASES[0], "grpo", 0, steps)]
-    if args.grid == "none":
-        return []
-    methods = PRIORITY_METHODS if args.grid == "priority" else tuple(METHODS)
-    if args.methods:
-        methods = tuple(m for m in args.methods.split(",") if m)
-        unknown = sorted(set(methods) - set(METHODS))
-        if unknown:
-            raise ValueError(f"--methods has unknown methods {unknown}; choose from {sorted(METHODS)}")
-    bases = tuple(args.bases.split(",")) if args.bases else FORK_BASES
-    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else SEEDS
-    # Seed-major order: an interrupted study has every method at the first seeds rather than some methods only.
-    runs = [Run("forking", b, m, s, steps) for s in seeds for b in bases if b != NEUTRAL_BASE for m in methods]
-    if NEUTRAL_BASE in bases or (args.grid == "full" and not args.bases):
-        runs += [Run("chain", NEUTRAL_BASE, m, s, steps) for s in seeds for m in NEUTRAL_METHODS if m in methods]
-    return runs
 
 
 # ------------------------------------------------------------------- the one place that names config keys
@@ -407,7 +365,6 @@ DOCS = ((ROOT / "README.md", "forking-results"), (ROOT / "scripts" / "dynamics_r
 
 def update_docs(out: Path) -> None:
     """Copy ``<out>/readme_table.md`` (written by ``--analyze``) between the markers of every file in ``DOCS``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from forking_analysis import replace_block
 
     block = (Path(out) / "readme_table.md").read_text()
@@ -430,7 +387,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect or args.smoke:
         collect(args.out)
     if args.analyze or args.smoke:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from forking_analysis import analyze
 
         analyze(args.out)

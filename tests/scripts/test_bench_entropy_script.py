@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_entropy.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_entropy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_entropy"] = module
-    spec.loader.exec_module(module)
-    return module
+    import bench_entropy  # scripts/ is on pytest's pythonpath (and on spawned workers' sys.path)
+
+    return bench_entropy
 
 
 def test_head_variants_agree_on_values_and_gradients(bench) -> None:
@@ -41,9 +33,7 @@ def test_head_variants_agree_on_values_and_gradients(bench) -> None:
     torch.testing.assert_close(grad_w.double(), z.T @ hidden0.double(), rtol=1e-5, atol=1e-5)
 
 
-def test_tiny_head_run_prints_the_table(bench, capsys, monkeypatch) -> None:
-    # Spawned workers unpickle ``bench_entropy._worker``: they inherit sys.path, so put scripts/ on it.
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+def test_tiny_head_run_prints_the_table(bench, capsys) -> None:
     bench.main(
         ["--head", "--rows", "8", "--vocab", "50", "--hidden", "4", "--repeats", "1", "--backward"]
         + ["--variants", "chunked", "blockwise", "blockwise_loss", "matmuls"]

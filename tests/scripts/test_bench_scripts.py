@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 import threading
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_step.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_step"] = module
-    spec.loader.exec_module(module)
-    return module
+    import bench_step  # scripts/ is on pytest's pythonpath
+
+    return bench_step
 
 
 def _run_fake(bench, steps: dict[str, int], fail_at: tuple[str, int] | None = None):

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "entropy_dynamics.py"
-
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("entropy_dynamics_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import entropy_dynamics  # scripts/ is on pytest's pythonpath
+
+    return entropy_dynamics
 
 
 def test_bad_flags_name_the_flag():

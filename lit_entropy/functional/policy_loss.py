@@ -243,17 +243,7 @@ def policy_loss(
         loss_agg_mode=loss_agg_mode,
         loss_scale_factor=loss_scale_factor,
     )
-    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
-            f"{tuple(mask.shape)} must share one [B, T] shape"
-        )
-    if advantages.shape == logprobs.shape[:1]:
-        advantages = advantages.unsqueeze(-1)
-    elif advantages.shape != logprobs.shape:
-        raise ValueError(
-            f"advantages shape {tuple(advantages.shape)} must be {tuple(logprobs.shape)} or {tuple(logprobs.shape[:1])}"
-        )
+    advantages = _token_advantages(logprobs, old_logprobs, advantages, mask)
     mask = as_bool_mask(mask)
     dtype = compute_dtype(logprobs, old_logprobs, advantages)
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
@@ -268,21 +258,48 @@ def policy_loss(
     if clip_ratio_c is not None:
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
     loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    return loss, _policy_loss_stats(log_ratio, ratio, adv, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
-    with torch.no_grad():
-        r = ratio.detach()
-        low, high = clipped_token_masks(r, adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-        dual = (adv < 0) & (r > clip_ratio_c) if clip_ratio_c is not None else torch.zeros_like(mask)
-        lr = log_ratio.detach()
-        stats = PolicyLossStats(
-            clip_frac_low=masked_mean(low.to(dtype), mask),
-            clip_frac_high=masked_mean(high.to(dtype), mask),
-            clip_frac=masked_mean((low | high).to(dtype), mask),
-            dual_clip_frac=masked_mean(dual.to(dtype), mask),
-            approx_kl=masked_mean(r - 1.0 - lr, mask),
-            ratio_mean=masked_mean(r, mask),
+
+def _token_advantages(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Check the shapes of :func:`policy_loss`'s inputs; per-sequence advantages ``[B]`` become ``[B, 1]``."""
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must share one [B, T] shape"
         )
-    return loss, stats
+    if advantages.shape == logprobs.shape[:1]:
+        return advantages.unsqueeze(-1)
+    if advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages shape {tuple(advantages.shape)} must be {tuple(logprobs.shape)} or {tuple(logprobs.shape[:1])}"
+        )
+    return advantages
+
+
+@torch.no_grad()
+def _policy_loss_stats(
+    log_ratio: Tensor,
+    ratio: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+) -> PolicyLossStats:
+    """Clip fractions, approximate KL and mean ratio over the valid tokens (all ``[B, T]``, ``mask`` bool)."""
+    dtype = ratio.dtype
+    r = ratio.detach()
+    low, high = clipped_token_masks(r, adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    dual = (adv < 0) & (r > clip_ratio_c) if clip_ratio_c is not None else torch.zeros_like(mask)
+    return PolicyLossStats(
+        clip_frac_low=masked_mean(low.to(dtype), mask),
+        clip_frac_high=masked_mean(high.to(dtype), mask),
+        clip_frac=masked_mean((low | high).to(dtype), mask),
+        dual_clip_frac=masked_mean(dual.to(dtype), mask),
+        approx_kl=masked_mean(r - 1.0 - log_ratio.detach(), mask),
+        ratio_mean=masked_mean(r, mask),
+    )
 
 
 @register_policy_loss("ppo")

@@ -65,15 +65,27 @@ def check_model_dir(path: str | os.PathLike, setting: str = MODEL_PATH_SETTING, 
             )
         return text  # a Hub repo id
     if local.is_file():
-        if local.suffix == ".ckpt":
-            raise ValueError(
-                f"{where} is a Lightning checkpoint file, not a model directory. To continue that run use "
-                f"--ckpt_path {text}; to start from its weights export them first: lit-entropy export "
-                f"--ckpt_path {text} --out DIR, then set {setting}=DIR"
-            )
-        raise ValueError(
-            f"{where} is a file; expected a directory holding a Hugging Face model (config.json, weights, tokenizer)"
+        raise ValueError(_file_instead_of_directory(text, local, setting))
+    _check_contents(local, where, require_weights)
+    return text
+
+
+def _file_instead_of_directory(text: str, local: Path, setting: str) -> str:
+    """The error message for a file where a model directory is expected (a Lightning checkpoint above all)."""
+    if local.suffix == ".ckpt":
+        return (
+            f"{setting}={text!r} is a Lightning checkpoint file, not a model directory. To continue that run use "
+            f"--ckpt_path {text}; to start from its weights export them first: lit-entropy export "
+            f"--ckpt_path {text} --out DIR, then set {setting}=DIR"
         )
+    return (
+        f"{setting}={text!r} is a file; expected a directory holding a Hugging Face model "
+        "(config.json, weights, tokenizer)"
+    )
+
+
+def _check_contents(local: Path, where: str, require_weights: bool) -> None:
+    """Refuse an empty directory, Git LFS pointers, and a directory without a model's (or tokenizer's) files."""
     entries = sorted(p.name for p in local.iterdir())
     if not entries:
         raise ValueError(
@@ -92,14 +104,12 @@ def check_model_dir(path: str | os.PathLike, setting: str = MODEL_PATH_SETTING, 
             raise ValueError(
                 f"{where} has no config.json (found: {_listing(entries)}); it is not a Hugging Face model directory"
             )
-        weights = [name for name in entries if name.endswith(_WEIGHT_SUFFIXES)]
-        if not weights:
+        if not any(name.endswith(_WEIGHT_SUFFIXES) for name in entries):
             raise ValueError(
                 f"{where} has a config.json but no weights (*.safetensors / *.bin; found: {_listing(entries)})"
             )
     elif not any(name.startswith(("tokenizer", "config", "vocab", "special_tokens")) for name in entries):
         raise ValueError(f"{where} holds no tokenizer files (found: {_listing(entries)})")
-    return text
 
 
 def _listing(entries: list[str], limit: int = 6) -> str:

@@ -1,0 +1,275 @@
+"""The layers of lit_entropy, enforced by reading the source (``ast``), so a new import that breaks them fails
+here with the file, the line and the rule instead of surfacing as a slow import or a cycle at run time.
+
+Rules (every import counts, including the lazy ones inside functions):
+
+- ``lit_entropy/functional/`` is pure tensor math: it imports neither Lightning nor any other lit_entropy
+  package (only ``lit_entropy.functional`` itself).
+- ``lit_entropy/step/`` is Lightning-free too and imports no LightningModule (``lit_entropy.module``), no
+  callback (``lit_entropy.callbacks``) and no CLI.
+- Nothing in ``lit_entropy`` imports ``lit_entropy.cli`` except the CLI itself and ``lit_entropy.__main__``:
+  the CLI is the outermost layer. Scripts in ``scripts/`` are outside the library and may import the CLI
+  (``scripts/bench_step.py`` drives ``lit_entropy.cli`` the way a user does).
+- No import cycle among the modules of ``lit_entropy/`` and ``scripts/``: neither among the imports that run
+  when a module is imported (a cycle there breaks or half-initialises a module) nor once the lazy imports
+  inside functions are added (a lazy import hides a cycle from the interpreter, not from the reader: two
+  modules that need each other are one concept in two files). ``if TYPE_CHECKING:`` blocks are excluded.
+  Scripts are top-level modules named by their file name, as ``python scripts/x.py`` and pytest's
+  ``pythonpath`` see them.
+
+Sizes (issue 20): at most 6 top-level modules in ``lit_entropy/`` besides ``__init__``/``__main__``, no file
+in ``lit_entropy/`` over 500 lines and no function there over 60 lines (``def`` line to last line).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "lit_entropy"
+SCRIPTS = REPO / "scripts"
+
+MAX_TOP_LEVEL_MODULES = 6
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 60
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module: the importing file and line, the module's dotted name, and whether the import
+    runs when the importing module is imported (not inside a function or an ``if TYPE_CHECKING:`` block)."""
+
+    path: Path
+    line: int
+    target: str
+    module_level: bool
+
+    def where(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+
+def _module_name(path: Path) -> str:
+    """Dotted name of a library file (``lit_entropy.data.reading``) or a script (``forking_study``)."""
+    if path.is_relative_to(SCRIPTS):
+        return path.stem
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(SCRIPTS.glob("*.py"))
+    return {_module_name(p): p for p in files}
+
+
+SOURCES = _sources()
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """Dotted names of the modules an import statement loads (``from pkg import sub`` loads ``pkg.sub``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: resolve against the importing module's package
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        anchor = package[: len(package) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    names = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in SOURCES]
+    return names or [base]
+
+
+def _imports(module: str, path: Path) -> list[Import]:
+    """Every import of one file, with the module-level flag."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, module_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for target in _targets(child, module, path.name == "__init__.py"):
+                    found.append(Import(path, child.lineno, target, module_level))
+            inner = module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, inner and not _is_type_checking(child))
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), True)
+    return found
+
+
+IMPORTS = {module: _imports(module, path) for module, path in SOURCES.items()}
+
+
+def _within(target: str, prefix: str) -> bool:
+    return target == prefix or target.startswith(prefix + ".")
+
+
+def _violations(modules_under: str, forbidden) -> list[str]:
+    """``file:line imports target`` for each import of a module under ``modules_under`` that ``forbidden``
+    (target -> bool) refuses."""
+    return [
+        f"{imp.where()} imports {imp.target}"
+        for module, imports in IMPORTS.items()
+        if _within(module, modules_under)
+        for imp in imports
+        if forbidden(imp.target)
+    ]
+
+
+def test_the_scan_sees_the_package_and_the_scripts():
+    # A broken scan (wrong root, no files) would make every rule below pass vacuously.
+    assert {"lit_entropy.functional.policy_loss", "lit_entropy.step.loss", "lit_entropy.cli.app"} <= set(SOURCES)
+    assert "bench_step" in SOURCES
+    lazy = [imp for imp in IMPORTS["lit_entropy.data.tokenizing"] if not imp.module_level]
+    assert any(imp.target == "transformers" for imp in lazy), "function-level imports must be scanned"
+
+
+def test_the_scan_resolves_relative_type_checking_and_lazy_imports(tmp_path):
+    source = tmp_path / "fake.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import lightning.pytorch as pl\n"
+        "from . import reading, missing_name\n"
+        "if TYPE_CHECKING:\n"
+        "    from lit_entropy.module import RFTModule\n"
+        "class A:\n"
+        "    from ..step import loss\n"
+        "def f():\n"
+        "    from lit_entropy.cli import main\n"
+    )
+    found = {(imp.target, imp.module_level) for imp in _imports("lit_entropy.data.fake", source)}
+    assert found == {
+        ("typing", True),
+        ("lightning.pytorch", True),
+        ("lit_entropy.data.reading", True),  # a submodule imported from its package
+        ("lit_entropy.step.loss", True),  # a class body runs at import
+        ("lit_entropy.module", False),  # only for type checkers
+        ("lit_entropy.cli", False),  # inside a function: lazy
+    }
+
+
+def test_functional_imports_neither_lightning_nor_other_lit_entropy_packages():
+    def forbidden(target: str) -> bool:
+        lit = _within(target, "lit_entropy") and not _within(target, "lit_entropy.functional")
+        return lit or any(_within(target, name) for name in LIGHTNING)
+
+    bad = _violations("lit_entropy.functional", forbidden)
+    assert not bad, "lit_entropy/functional/ is pure tensor math (no Lightning, no other lit_entropy package):\n" + (
+        "\n".join(bad)
+    )
+
+
+def test_step_imports_no_module_callback_cli_or_lightning():
+    refused = ("lit_entropy.module", "lit_entropy.callbacks", "lit_entropy.cli", *LIGHTNING)
+    bad = _violations("lit_entropy.step", lambda target: any(_within(target, name) for name in refused))
+    assert not bad, f"lit_entropy/step/ is Lightning-free and imports none of {refused}:\n" + "\n".join(bad)
+
+
+def test_nothing_in_the_library_imports_the_cli():
+    bad = [
+        f"{imp.where()} imports {imp.target}"
+        for module, imports in IMPORTS.items()
+        if _within(module, "lit_entropy")
+        and not _within(module, "lit_entropy.cli")
+        and module != "lit_entropy.__main__"
+        for imp in imports
+        if _within(imp.target, "lit_entropy.cli")
+    ]
+    assert not bad, "only lit_entropy.cli and lit_entropy.__main__ may import lit_entropy.cli:\n" + "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (or a self-import), by Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return components
+
+
+def _module_graph(lazy: bool) -> dict[str, set[str]]:
+    """Module -> the scanned modules it imports (module-level imports, plus the lazy ones with ``lazy``)."""
+    return {
+        module: {imp.target for imp in imports if (lazy or imp.module_level) and imp.target in SOURCES}
+        for module, imports in IMPORTS.items()
+    }
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"a"}, "b": set()}) == [["a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["module-level", "with-lazy-imports"])
+def test_no_import_cycle_in_the_library_or_the_scripts(lazy):
+    lines = []
+    for component in _cycles(_module_graph(lazy)):
+        edges = [
+            f"  {imp.where()} imports {imp.target}" + ("" if imp.module_level else " (inside a function)")
+            for module in component
+            for imp in IMPORTS[module]
+            if (lazy or imp.module_level) and imp.target in component
+        ]
+        lines.append(f"import cycle among {', '.join(component)}:\n" + "\n".join(edges))
+    assert not lines, "\n".join(lines)
+
+
+def test_at_most_six_top_level_modules():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, (
+        f"lit_entropy/ has {len(modules)} top-level modules (at most {MAX_TOP_LEVEL_MODULES}): {modules}; "
+        "put the new one in the package of its layer"
+    )
+
+
+def test_no_library_file_over_500_lines():
+    sizes = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    bad = [f"{p.relative_to(REPO)}: {n} lines" for p, n in sorted(sizes.items()) if n > MAX_FILE_LINES]
+    assert not bad, f"files over {MAX_FILE_LINES} lines (split them by concern):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_library_function_over_60_lines(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bad = [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(bad)

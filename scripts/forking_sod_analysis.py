@@ -20,12 +20,13 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from forking_sod_design import DELTA, LABELS
+
 from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "scripts" / "forking" / "README.md"
 MARKER = "sod-results"
-DELTA = 0.02
 K = 64
 LAST_EVALS = 3
 PRIMARY = ("grpo", "clip_b", "replay_mask")
@@ -39,13 +40,6 @@ COMPARISONS = (
     ("grpo_null", "grpo"),
 )
 METRICS = ("pass@64", "avg@64")
-LABELS = {
-    "grpo": "GRPO",
-    "clip_b": "Clip_B mu 2.5",
-    "replay_mask": "random mask, Clip_B's per-step count replayed",
-    "replay_role": "random mask, count replayed per token role",
-    "grpo_null": "GRPO, other data order (null)",
-}
 
 
 def verdict(low: float, high: float, mean: float, p: float, delta: float = DELTA) -> str:

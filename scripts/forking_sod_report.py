@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forking_sod_analysis import DELTA, LABELS
+from forking_sod_design import DELTA, LABELS
 
 from lit_entropy.data.sum_or_difference import always_sum_share, make_sod_examples
 

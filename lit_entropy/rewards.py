@@ -241,22 +241,23 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
 }
 
 
-def resolve_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
-    """Turn a ``reward_fn`` setting into a reward function.
+def resolve_reward_fn(spec: str | Callable[..., Any], setting: str = "model.reward.fn") -> RewardFunction:
+    """Turn a reward setting into a reward function.
 
     Args:
         spec: A callable (returned as is); a built-in name (``"exact_match"``, ``"math_verify"``); or an
             import path ``"package.module:function"`` or ``"package.module.function"``. An imported class
             is instantiated without arguments (its instances must be callable).
+        setting: The dotted setting ``spec`` came from, for messages.
 
     Raises:
-        ValueError: Naming ``reward_fn``, the value and the underlying error when ``spec`` cannot be
-            imported or does not give a callable.
+        ValueError: ``<setting>: <what is wrong>, got <spec>`` when ``spec`` cannot be imported or does not
+            give a callable.
     """
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"reward_fn must be a callable or a non-empty string, got {spec!r}")
+        raise ValueError(f"{setting}: expected a reward name, an import path or a callable, got {spec!r}")
     spec = spec.strip()
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
@@ -266,8 +267,8 @@ def resolve_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
         module_name, _, attr_path = spec.rpartition(".")
     else:
         raise ValueError(
-            f"reward_fn={spec!r} is neither a built-in reward ({sorted(REWARD_FUNCTIONS)}) nor an import path "
-            f"'package.module:function'"
+            f"{setting}: expected a built-in reward ({', '.join(sorted(REWARD_FUNCTIONS))}) or an import path "
+            f"'package.module:function', got {spec!r}"
         )
     try:
         target: Any = importlib.import_module(module_name)
@@ -276,7 +277,7 @@ def resolve_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
         if inspect.isclass(target):
             target = target()
     except Exception as err:  # ImportError, AttributeError, or whatever the module/constructor raises
-        raise ValueError(f"reward_fn={spec!r} cannot be imported: {type(err).__name__}: {err}") from err
+        raise ValueError(f"{setting}: cannot be imported ({type(err).__name__}: {err}), got {spec!r}") from err
     if not callable(target):
-        raise ValueError(f"reward_fn={spec!r} resolves to a {type(target).__name__}, which is not callable")
+        raise ValueError(f"{setting}: resolves to a {type(target).__name__}, which is not callable, got {spec!r}")
     return target

@@ -184,9 +184,18 @@ def test_resolve_import_paths(user_rewards: str) -> None:
 @pytest.mark.parametrize(
     ("suffix", "match"),
     [
-        (":missing_fn", r"reward_fn='my_rewards_pkg\.scoring:missing_fn' cannot be imported: AttributeError"),
-        (".missing_fn", r"reward_fn='my_rewards_pkg\.scoring\.missing_fn' cannot be imported: AttributeError"),
-        (":NOT_CALLABLE", r"reward_fn='my_rewards_pkg\.scoring:NOT_CALLABLE' resolves to a int"),
+        (
+            ":missing_fn",
+            r"model.reward.fn: cannot be imported \(AttributeError.*got 'my_rewards_pkg\.scoring:missing_fn'",
+        ),
+        (
+            ".missing_fn",
+            r"model.reward.fn: cannot be imported \(AttributeError.*got 'my_rewards_pkg\.scoring\.missing_fn'",
+        ),
+        (
+            ":NOT_CALLABLE",
+            r"model.reward.fn: resolves to a int, which is not callable, got 'my_rewards_pkg\.scoring:NOT_CALLABLE'",
+        ),
     ],
 )
 def test_resolve_failures_in_module(user_rewards: str, suffix: str, match: str) -> None:
@@ -195,14 +204,20 @@ def test_resolve_failures_in_module(user_rewards: str, suffix: str, match: str) 
 
 
 def test_resolve_failures(user_rewards: str) -> None:
-    match = r"reward_fn='no_such_pkg_xyz\.mod:fn' cannot be imported: ModuleNotFoundError"
+    match = r"model.reward.fn: cannot be imported \(ModuleNotFoundError.*got 'no_such_pkg_xyz\.mod:fn'"
     with pytest.raises(ValueError, match=match):
         resolve_reward_fn("no_such_pkg_xyz.mod:fn")
-    with pytest.raises(ValueError, match=r"reward_fn='my_rewards_pkg\.broken:fn' cannot be imported: .*boom at import"):
+    with pytest.raises(
+        ValueError, match=r"model.reward.fn: cannot be imported \(.*boom at import.*got 'my_rewards_pkg\.broken:fn'"
+    ):
         resolve_reward_fn("my_rewards_pkg.broken:fn")
-    with pytest.raises(ValueError, match=r"reward_fn='exactmatch' is neither a built-in reward"):
+    with pytest.raises(
+        ValueError, match=r"model.reward.fn: expected a built-in reward \(exact_match, math_verify\).*got 'exactmatch'"
+    ):
         resolve_reward_fn("exactmatch")
-    with pytest.raises(ValueError, match=r"reward_fn must be a callable or a non-empty string, got ''"):
+    with pytest.raises(
+        ValueError, match=r"model.reward.fn: expected a reward name, an import path or a callable, got ''"
+    ):
         resolve_reward_fn("")
-    with pytest.raises(ValueError, match=r"reward_fn must be a callable or a non-empty string, got 3"):
-        resolve_reward_fn(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"data.reward: expected a reward name, an import path or a callable, got 3"):
+        resolve_reward_fn(3, setting="data.reward")  # type: ignore[arg-type]

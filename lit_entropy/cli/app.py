@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import set_parsing_settings
+from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import ArgsType, LightningCLI, SaveConfigCallback
 
@@ -14,13 +14,12 @@ import lit_entropy.callbacks  # noqa: F401  (registers the callbacks: --trainer.
 from lit_entropy import __version__
 from lit_entropy.cli.errors import SettingsError
 from lit_entropy.cli.export import export_main
+from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
+from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import check_legacy_model_keys
-
-# --help documents every setting from its dataclass attribute docstring.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 __all__ = ["RFTCLI", "cli_main", "main"]
 
@@ -102,14 +101,24 @@ class RFTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self.save_config_kwargs["overwrite"] = bool(config.get("overwrite_run", False))
+        check_manual_optimization(config["trainer"])
         if self.subcommand in ("fit", None):  # None: run=False, a trainer built for fit
             apply_default_budget(config["trainer"])
 
     def instantiate_classes(self) -> None:
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         try:
             super().instantiate_classes()
-        except ValueError as err:
-            raise SettingsError(root_cause(err)) from err
+        except (ValueError, TypeError, MisconfigurationException) as err:
+            line = explain_build_error(err, self._settings_parser())
+            if isinstance(err, MisconfigurationException) and not line.startswith("trainer"):
+                line = f"trainer: {line}"  # Lightning's Trainer refused a combination of its arguments
+            raise SettingsError(line) from err
+
+    def _settings_parser(self) -> Any:
+        """The parser of the running subcommand (it holds the settings' types), else the main one."""
+        return getattr(self, "_subcommand_parsers", {}).get(self.subcommand, self.parser)
 
     def parse_arguments(self, parser: Any, args: ArgsType) -> None:
         # Old model keys (pre-0.2 flat ones, renamed ones) get an error naming their new place, not jsonargparse's.
@@ -143,11 +152,14 @@ class RFTCLI(LightningCLI):
         model = {k: v for k, v in saved["model"].items() if not str(k).startswith("_")}
         if model:  # Lightning's behaviour for the settings not given: the checkpoint's
             merged = deep_merge(model, explicit["model"])
+            self.parser.exit_on_error = False  # a stored setting that no longer parses: one line naming the file
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
-            except SystemExit:
-                sys.stderr.write(f"lit-entropy: the model settings stored in {ckpt_path} do not parse (see above)\n")
-                raise
+            except ArgumentError as err:
+                line = explain_parse_error(str(err), self._settings_parser())
+                raise SettingsError(f"the model settings stored in {ckpt_path} do not parse: {line}") from err
+            finally:
+                self.parser.exit_on_error = True
         changes = []
         for section in ("model", "data"):
             changes += explicit_changes(saved[section], explicit[section], section)
@@ -230,6 +242,22 @@ def apply_default_budget(trainer_config: Any) -> None:
         trainer_config["max_epochs"] = DEFAULT_MAX_EPOCHS
 
 
+def check_manual_optimization(trainer_config: Any) -> None:
+    """Refuse the Trainer settings that manual optimization ignores (Lightning would raise only inside ``fit``)."""
+    clip = trainer_config.get("gradient_clip_val")
+    if clip is not None and clip > 0:
+        raise SettingsError(
+            "trainer.gradient_clip_val: lit_entropy steps the optimizer itself (manual optimization); clip with "
+            f"model.optim.max_grad_norm and leave this null, got {clip}"
+        )
+    accumulate = trainer_config.get("accumulate_grad_batches")
+    if accumulate is not None and accumulate != 1:
+        raise SettingsError(
+            "trainer.accumulate_grad_batches: lit_entropy accumulates micro-batches itself; set "
+            f"model.update.micro_batch_size (and model.update.mini_batch_size) and leave this 1, got {accumulate}"
+        )
+
+
 def keep_last_checkpoint(trainer: Trainer, trainer_config: Any) -> None:
     """Give Lightning's default ModelCheckpoint ``save_last=True`` so ``<log_dir>/checkpoints/last.ckpt`` exists.
 
@@ -253,21 +281,6 @@ def _class_path(entry: Any) -> str:
         return entry
     value = entry.get("class_path") if hasattr(entry, "get") else getattr(entry, "class_path", None)
     return str(value or type(entry).__name__)
-
-
-def root_cause(err: BaseException) -> str:
-    """One line for a settings error: jsonargparse wraps a constructor's ValueError in a dump of every union
-    alternative ("Does not validate against any of the Union subtypes ... Errors: - mu must be > 0"); keep the
-    first listed error and the class it came from."""
-    text = str(err)
-    if "Errors:" not in text:
-        return text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    errors = text.split("Errors:", 1)[1]
-    first = next((line.strip()[2:] for line in errors.splitlines() if line.strip().startswith("- ")), text)
-    given = text.split("Given value:", 1)[1].strip() if "Given value:" in text else ""
-    classes = [part.split("'")[1] for part in given.split("class_path=")[1:] if "'" in part]
-    where = f" ({', '.join(name.rsplit('.', 1)[-1] for name in classes)})" if classes else ""
-    return f"{first}{where}"
 
 
 # --------------------------------------------------------------------------- entry points
@@ -298,12 +311,20 @@ def check_legacy_arguments(args: list[str]) -> None:
 
 def cli_main(args: ArgsType = None, run: bool = True) -> RFTCLI:
     """Build (and by default run) the CLI; ``args`` lets tests drive it in-process."""
+    given = sys.argv[1:] if args is None else args
+    # --help documents every setting from its dataclass attribute docstring; reading those from the source of
+    # every class costs two thirds of building the parser, so only a help request reads them.
+    wants_help = isinstance(given, (list, tuple)) and any(
+        str(arg) in ("-h", "--help") or str(arg).endswith(".help") for arg in given
+    )
+    set_parsing_settings(docstring_parse_attribute_docstrings=wants_help)
     return RFTCLI(
         RFTModule,
         PromptDataModule,
         args=args,
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,
+        parser_class=RFTArgumentParser,
         save_config_callback=RunDirectoryGuard,
         save_config_kwargs={"overwrite": False},
         auto_configure_optimizers=False,

@@ -129,7 +129,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
     [
         (["--model.sampling.num_samples=1"], r"model.sampling.num_samples must be >= 2 for grpo, got 1"),
         (["--model.evaluation.pass_k=[16]"], r"model.evaluation.pass_k \(K=8\) must be an integer in \[1, 8\], got 16"),
-        (["--model.reward.fn=no_such_pkg.mod:fn"], r"reward_fn.*no_such_pkg"),
+        (["--model.reward.fn=no_such_pkg.mod:fn"], r"model.reward.fn: cannot be imported.*got 'no_such_pkg.mod:fn'"),
         (["--model.loss.clip_ratio_low=1.5"], r"model.loss.clip_ratio_low must be a number in \[0, 1\), got 1.5"),
         (["--model.loss.kl_type=k4"], r"model.loss.kl_type must be one of \('k1', 'kl'.*got 'k4'"),
         (
@@ -261,7 +261,8 @@ def test_a_callback_argument_error_is_one_line(tmp_path, monkeypatch, capsys):
         main([*args, "--trainer.callbacks.mu=0"])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
-    assert err == ["lit-entropy: error: mu must be a finite number > 0, got 0.0 (EntropyDiscriminatorClipping)"]
+    line = "trainer.callbacks (EntropyDiscriminatorClipping): mu must be a finite number > 0, got 0.0"
+    assert err == [f"lit-entropy: error: {line}"]
 
 
 def _tiny_fit(tmp_path, *extra, version=None):

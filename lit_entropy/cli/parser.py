@@ -1,0 +1,33 @@
+"""The argument parser of ``lit-entropy``: no abbreviated options, and every parse error as one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+__all__ = ["RFTArgumentParser"]
+
+
+class RFTArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with abbreviations refused and errors printed as ``lit-entropy: error: <one line>``.
+
+    ``--trainer.max_step=3`` would otherwise be taken for ``--trainer.max_steps``; an unknown option is
+    named with the closest real one instead. ``LIT_ENTROPY_TRACEBACK=1`` (or ``JSONARGPARSE_DEBUG``) shows
+    jsonargparse's full message.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or os.environ.get("LIT_ENTROPY_TRACEBACK") or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)
+        from lit_entropy.cli.parse_errors import explain_parse_error
+
+        parser = getattr(ex, "subcommand_parser", None) or self
+        sys.stderr.write(f"lit-entropy: error: {explain_parse_error(message, parser)}\n")
+        self.exit(2)

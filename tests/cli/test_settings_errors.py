@@ -1,0 +1,135 @@
+"""Issue 20 §9: every settings mistake a user can make ends in ONE line, ``lit-entropy: error: <dotted key>: ...``,
+naming today's dotted key and the value given, with exit status 2 and no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lit_entropy.cli import main
+from lit_entropy.cli.parse_errors import explain_parse_error
+
+GRPO_TINY = Path(__file__).parents[2] / "configs" / "grpo_tiny.yaml"
+# Should a case not fail, it must not train for long or write anywhere.
+SAFE = ["--trainer.logger=false", "--trainer.max_steps=1", "--val_before_train=false", "--trainer.limit_val_batches=0"]
+CLIP = "--trainer.callbacks+=EntropyDiscriminatorClipping"
+
+# (id, extra arguments, config file text or None, the exact line after "lit-entropy: error: " or None,
+#  substrings the line must hold: the dotted key and the value)
+CASES = [
+    ("nested float", ["--model.sampling.temperature=hot"], None,
+     "model.sampling.temperature: expected a float, got 'hot'", []),
+    ("nested int", ["--model.update.epochs=1.5"], None, "model.update.epochs: expected an integer, got 1.5", []),
+    ("data int", ["--data.batch_size=abc"], None, "data.batch_size: expected an integer, got 'abc'", []),
+    ("literal", ["--model.policy.dtype=float64"], None,
+     "model.policy.dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'", []),
+    ("algorithm", ["--model.algorithm=dpo"], None, "model.algorithm: expected one of 'grpo', 'ppo', got 'dpo'", []),
+    ("optional list", ["--model.evaluation.pass_k=abc"], None,
+     "model.evaluation.pass_k: expected a list of integers or null, got 'abc'", []),
+    ("optional group field", ["--model.ppo.gamma=abc"], None, "model.ppo.gamma: expected a float, got 'abc'", []),
+    ("trainer union", ["--trainer.precision=17"], None, None, ["trainer.precision: expected one of", "'bf16-mixed'",
+                                                               "got 17"]),
+    ("typo", ["--model.sampling.temprature=1.0"], None,
+     "model.sampling.temprature: no such setting (did you mean model.sampling.temperature?), got 1.0", []),
+    ("typo in group", ["--model.samp.temperature=1.0"], None,
+     "model.samp.temperature: no such setting (did you mean model.sampling.temperature?), got 1.0", []),
+    ("abbreviation", ["--trainer.max_step=3"], None,
+     "trainer.max_step: no such setting (did you mean trainer.max_steps?), got 3", []),
+    ("old name misspelt", ["--model.group_sze=3"], None,
+     "model.group_sze: no such setting (did you mean model.sampling.num_samples?), got 3", []),
+    ("old name", ["--model.dual_clip_c=3"], None, None, ["model.dual_clip_c -> model.loss.clip_ratio_c"]),
+    ("config typo", [], "model:\n  sampling:\n    temprature: 1.0\n",
+     "model.sampling.temprature: no such setting (did you mean model.sampling.temperature?)", []),
+    ("config old key", [], "model:\n  group_size: 8\n", None, ["model.group_size -> model.sampling.num_samples"]),
+    ("config nested type", [], "model:\n  sampling:\n    temperature: hot\n",
+     "model.sampling.temperature: expected a float, got 'hot'", []),
+    ("missing config", ["--config=nonexistent.yaml"], None, None, ["config: File does not exist", "nonexistent.yaml"]),
+    ("rollout no import", ["--model.rollout=no.such.Engine"], None, None,
+     ["model.rollout: expected the class_path of a lit_entropy.rollout.RolloutEngine subclass", "No module named 'no'",
+      "got 'no.such.Engine'"]),
+    ("rollout wrong kind", ["--model.rollout=torch.nn.Linear"], None,
+     "model.rollout: expected the class_path of a lit_entropy.rollout.RolloutEngine subclass; torch.nn.Linear is not "
+     "one, got 'torch.nn.Linear'", []),
+    ("rollout unknown argument", ["--model.rollout=lit_entropy.rollout.HFRolloutEngine",
+                                  "--model.rollout.init_args.eos_token=3"], None,
+     "model.rollout.init_args.eos_token (HFRolloutEngine): no such argument (did you mean eos_token_id?), got 3", []),
+    ("rollout constructor", ["--model.rollout=lit_entropy.rollout.VLLMRolloutEngine",
+                             "--model.rollout.init_args.max_model_len=0"], None, None,
+     ["model.rollout (VLLMRolloutEngine): max_model_len", "got 0"]),
+    ("optimizer no import", ["--model.optim.optimizer=torch.optim.NoSuch"], None, None,
+     ["model.optim.optimizer: expected the class_path of a torch.optim.Optimizer subclass", "NoSuch",
+      "got 'torch.optim.NoSuch'"]),
+    ("optimizer wrong kind", ["--model.optim.optimizer=torch.nn.Linear"], None,
+     "model.optim.optimizer: expected the class_path of a torch.optim.Optimizer subclass; torch.nn.Linear is not one, "
+     "got 'torch.nn.Linear'", []),
+    ("optimizer argument type", ["--model.optim.optimizer=torch.optim.SGD", "--model.optim.optimizer.lr=abc"], None,
+     None, ["model.optim.optimizer.init_args.lr (SGD): expected a float", "got 'abc'"]),
+    ("optimizer unknown argument", ["--model.optim.optimizer=torch.optim.SGD", "--model.optim.optimizer.lrr=1"], None,
+     "model.optim.optimizer.init_args.lrr (SGD): no such argument (did you mean lr?), got 1", []),
+    ("callback no import", ["--trainer.callbacks+=no.such.Callback"], None, None,
+     ["trainer.callbacks: expected the class_path of a lightning.Callback subclass", "got 'no.such.Callback'"]),
+    ("callback wrong kind", ["--trainer.callbacks+=torch.nn.Linear"], None,
+     "trainer.callbacks: expected the class_path of a lightning.Callback subclass; torch.nn.Linear is not one, "
+     "got 'torch.nn.Linear'", []),
+    ("callback unknown short name", ["--trainer.callbacks+=RandomTokenMasking"], None, None,
+     ["trainer.callbacks:", "(did you mean RandomNegativeMasking?)", "got 'RandomTokenMasking'"]),
+    ("callback argument type", [CLIP, "--trainer.callbacks.mu=abc"], None,
+     "trainer.callbacks.init_args.mu (EntropyDiscriminatorClipping): expected a float or null, got 'abc'", []),
+    ("callback unknown argument", [CLIP, "--trainer.callbacks.mux=0"], None,
+     "trainer.callbacks.init_args.mux (EntropyDiscriminatorClipping): no such argument (did you mean mu?), got 0", []),
+    ("callback constructor", [CLIP, "--trainer.callbacks.mu=0"], None, None,
+     ["trainer.callbacks (EntropyDiscriminatorClipping): mu must be", "0"]),
+    ("config callback argument", [],
+     "trainer:\n  callbacks:\n    - class_path: EntropyDiscriminatorClipping\n      init_args:\n        mu: abc\n",
+     "trainer.callbacks.init_args.mu (EntropyDiscriminatorClipping): expected a float or null, got 'abc'", []),
+    ("settings check", ["--model.sampling.num_samples=1"], None,
+     "model.sampling.num_samples must be >= 2 for grpo, got 1", []),
+    ("group check", ["--model.algorithm=ppo", "--model.ppo.gamma=2"], None,
+     "model.ppo.gamma must be a number in [0, 1], got 2.0", []),
+    ("gradient clipping", ["--trainer.gradient_clip_val=1.0"], None, None,
+     ["trainer.gradient_clip_val:", "model.optim.max_grad_norm", "got 1.0"]),
+    ("accumulation", ["--trainer.accumulate_grad_batches=2"], None, None,
+     ["trainer.accumulate_grad_batches:", "model.update.micro_batch_size", "got 2"]),
+    ("reward", ["--model.reward.fn=no_such_reward"], None, None, ["model.reward.fn", "'no_such_reward'"]),
+    ("missing value", ["--model.reward"], None, "model.reward: expected one argument", []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "config", "line", "parts"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_settings_mistake_is_one_line_naming_the_key_and_the_value(args, config, line, parts, tmp_path,
+                                                                      monkeypatch, capsys):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    configs = ["--config", str(GRPO_TINY)]
+    if config is not None:
+        (tmp_path / "user.yaml").write_text(config)
+        configs += ["--config", "user.yaml"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *configs, *SAFE, *args])
+    err = capsys.readouterr().err
+    lines = [text for text in err.splitlines() if text.strip() and not text.startswith("Seed set to")]
+    assert exit_info.value.code == 2, err
+    assert "Traceback" not in err and len(lines) == 1, err
+    prefix = "lit-entropy: error: "
+    assert lines[0].startswith(prefix)
+    if line is not None:
+        assert lines[0] == prefix + line
+    for part in parts:
+        assert part in lines[0]
+
+
+def test_every_union_dump_shape_is_read_back_into_one_line():
+    """The message shapes jsonargparse 4.x writes (pinned here, so an upgrade that changes them fails one test)."""
+    dump = (
+        'Parser key "model.rollout":\n\n  - Expected a path but x.Y either not accessible or invalid\n'
+        "  - Does not validate against any of the Union subtypes\n"
+        "  Subtypes: [<class 'lit_entropy.rollout.base.RolloutEngine'>, <class 'NoneType'>]\n  Errors:\n"
+        "    - Problem with given class_path 'x.Y':\n        No module named 'x'\n"
+        "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: x.Y"
+    )
+    assert explain_parse_error(dump) == (
+        "model.rollout: expected the class_path of a lit_entropy.rollout.RolloutEngine subclass; x.Y does not import "
+        "(ModuleNotFoundError: No module named 'x'), got 'x.Y'"
+    )
+    assert explain_parse_error("unrecognized arguments: --a.b 3") == "a.b: no such setting, got 3"
+    assert explain_parse_error("something\nelse") == "something else"

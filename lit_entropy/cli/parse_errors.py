@@ -112,10 +112,10 @@ def _closest_setting(key: str, keys: list[str]) -> str:
     siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
     if close := difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6):
         return f" (did you mean {siblings[close[0]]}?)"
-    if parent == "model":
+    if key.startswith("model."):  # a misspelt old name: suggest where it lives today
         from lit_entropy.settings import LEGACY_MODEL_KEYS
 
-        if close := difflib.get_close_matches(leaf, list(LEGACY_MODEL_KEYS), n=1, cutoff=0.8):
+        if close := difflib.get_close_matches(key.removeprefix("model."), list(LEGACY_MODEL_KEYS), n=1, cutoff=0.8):
             return f" (did you mean {LEGACY_MODEL_KEYS[close[0]]}?)"
     if siblings:
         return ""

@@ -118,7 +118,9 @@ class RFTCLI(LightningCLI):
 
     def _settings_parser(self) -> Any:
         """The parser of the running subcommand (it holds the settings' types), else the main one."""
-        return getattr(self, "_subcommand_parsers", {}).get(self.subcommand, self.parser)
+        from lit_entropy.internals.cli import subcommand_parser
+
+        return subcommand_parser(self, self.subcommand)
 
     def parse_arguments(self, parser: Any, args: ArgsType) -> None:
         # Old model keys (pre-0.2 flat ones, renamed ones) get an error naming their new place, not jsonargparse's.

@@ -80,15 +80,16 @@ def explain_build_error(err: BaseException, parser: Any = None) -> str:
 
 def setting_keys(parser: Any) -> list[str]:
     """Every dotted setting ``parser`` accepts, including the fields of optional settings groups (``model.ppo.*``)."""
+    from lit_entropy.internals.cli import parser_settings
+
     keys: list[str] = []
-    for action in getattr(parser, "_actions", []):
-        for option in action.option_strings:
+    for setting in parser_settings(parser):
+        for option in setting.options:
             if option.startswith("--") and not option.endswith(".help") and option != "--help":
                 keys.append(option[2:])
-        hint = getattr(action, "_typehint", None)
-        for group in (hint, *typing.get_args(hint)):
+        for group in (setting.typehint, *typing.get_args(setting.typehint)):
             if dataclasses.is_dataclass(group) and isinstance(group, type):
-                keys += [f"{action.dest}.{field.name}" for field in dataclasses.fields(group)]
+                keys += [f"{setting.dest}.{field.name}" for field in dataclasses.fields(group)]
     return sorted(set(keys))
 
 
@@ -335,8 +336,10 @@ def _init_arguments(class_path: str) -> list[str]:
 
 def _key_for_subtypes(parser: Any, subtypes: str) -> str | None:
     """The setting whose type is the union jsonargparse listed as ``subtypes``."""
-    for action in getattr(parser, "_actions", []):
-        hint = getattr(action, "_typehint", None)
-        if hint is not None and not action.dest.endswith(".help") and str(list(typing.get_args(hint))) == subtypes:
-            return action.dest
+    from lit_entropy.internals.cli import parser_settings
+
+    for setting in parser_settings(parser) if parser is not None else []:
+        hint = setting.typehint
+        if hint is not None and not setting.dest.endswith(".help") and str(list(typing.get_args(hint))) == subtypes:
+            return setting.dest
     return None

@@ -14,4 +14,6 @@ instead of a run. The rest of the package uses the public API, or these adapters
 - :mod:`~lit_entropy.internals.tensorboard`: the writer of a TensorBoard logger's event file.
 - :mod:`~lit_entropy.internals.transformers`: decoder-layer classes and the FSDP2 mark ``generate`` reads.
 - :mod:`~lit_entropy.internals.vllm`: detaching an engine client's finaliser.
+- :mod:`~lit_entropy.internals.cli`: the settings a jsonargparse parser accepts with their types, and the
+  parser LightningCLI built for a subcommand (for the one-line settings errors).
 """

@@ -1,0 +1,34 @@
+"""Private state of the command-line libraries (jsonargparse 4.x parsers, LightningCLI 2.6), each in one function.
+
+The one-line settings errors (:mod:`lit_entropy.cli.parse_errors`) need every setting a parser accepts
+with its type, and the parser of the running subcommand. Pinned by ``tests/internals/test_cli.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ParserSetting", "parser_settings", "subcommand_parser"]
+
+
+@dataclass(frozen=True)
+class ParserSetting:
+    """One argument of a parser: its dotted destination, its option strings and its type (None: untyped)."""
+
+    dest: str
+    options: tuple[str, ...]
+    typehint: Any
+
+
+def parser_settings(parser: Any) -> list[ParserSetting]:
+    """Every argument of ``parser`` (argparse keeps them in ``_actions``; jsonargparse keeps types in ``_typehint``)."""
+    return [
+        ParserSetting(action.dest, tuple(action.option_strings), getattr(action, "_typehint", None))
+        for action in getattr(parser, "_actions", [])
+    ]
+
+
+def subcommand_parser(cli: Any, subcommand: str | None) -> Any:
+    """The parser LightningCLI built for ``subcommand`` (``fit``, ...); its main parser when there is none."""
+    return getattr(cli, "_subcommand_parsers", {}).get(subcommand, cli.parser)

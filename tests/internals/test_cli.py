@@ -1,0 +1,58 @@
+"""Pins lit_entropy.internals.cli against the installed jsonargparse and LightningCLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jsonargparse
+import lightning
+import pytest
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningCLI
+
+from lit_entropy.internals.cli import parser_settings, subcommand_parser
+
+VERSIONS = f"jsonargparse {jsonargparse.__version__}, lightning {lightning.__version__}"
+UPGRADE = f"({VERSIONS}): update lit_entropy/internals/cli.py"
+
+
+@dataclass
+class Group:
+    rate: float = 0.5
+    name: str = "x"
+
+
+def test_parser_settings_lists_each_argument_with_its_type():
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--count", type=int | None, default=None)
+    parser.add_argument("--group", type=Group, default=Group())
+    settings = {s.dest: s for s in parser_settings(parser)}
+    assert settings["count"].options == ("--count",) and settings["count"].typehint == int | None, UPGRADE
+    # a dataclass group is flattened into one typed argument per field
+    assert settings["group.rate"].typehint is float and settings["group.rate"].options == ("--group.rate",), UPGRADE
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Module(LightningModule):
+    def __init__(self, width: int = 3) -> None:
+        super().__init__()
+
+
+def test_subcommand_parser_is_the_one_that_knows_the_subcommands_settings():
+    seen: list[LightningCLI] = []
+
+    class Probe(LightningCLI):
+        def before_instantiate_classes(self) -> None:
+            seen.append(self)
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        Probe(_Module, args=["validate", "--model.width=4"])
+    cli = seen[0]
+    parser = subcommand_parser(cli, "validate")
+    assert parser is not cli.parser, UPGRADE
+    assert {"model.width", "trainer.max_steps"} <= {s.dest for s in parser_settings(parser)}, UPGRADE
+    assert subcommand_parser(cli, None) is cli.parser

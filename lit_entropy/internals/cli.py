@@ -1,7 +1,7 @@
 """Private state of the command-line libraries (jsonargparse 4.x parsers, LightningCLI 2.6), each in one function.
 
 The one-line settings errors (:mod:`lit_entropy.cli.parse_errors`) need every setting a parser accepts
-with its type, and the parser of the running subcommand. Pinned by ``tests/internals/test_cli.py``.
+with its type, and the parser of the running subcommand. Pinned by ``tests/internals/test_cli_parsers.py``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer
 from lit_entropy.reporting.dashboard import TrainDashboard, lightning_log_step, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
-from lit_entropy.rewards import check_rewards, resolve_reward_fn
+from lit_entropy.rewards import compute_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
     AdvantageConfig,
@@ -218,7 +218,8 @@ class RFTModule(LightningModule):
         completions = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         answers = [a for a in batch["answers"] for _ in range(num_samples)]
         name = self.settings.reward.fn if isinstance(self.settings.reward.fn, str) else repr(self.reward_fn)
-        rewards = check_rewards(name, self.reward_fn(completions, answers), len(completions)).to(self.device)
+        rewards = compute_rewards(self.reward_fn, completions, answers, fn_name=name, group_size=num_samples)
+        rewards = rewards.to(self.device)
         return rewards, completions
 
     def make_experience(self, rollout: RolloutBatch, rewards: Tensor) -> Experience:

@@ -23,7 +23,9 @@ from torch import Tensor
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
+    "RewardFunctionError",
     "check_rewards",
+    "compute_rewards",
     "exact_match_reward",
     "final_answer",
     "last_boxed_content",
@@ -56,7 +58,71 @@ def _check_lengths(completions: Sequence[str], answers: Sequence[str]) -> None:
         )
 
 
-def check_rewards(fn_name: str, values: Any, expected_len: int) -> Tensor:
+class RewardFunctionError(ValueError):
+    """A reward function raised, or returned something other than one finite number per completion.
+
+    The message names the setting (``model.reward.fn``), the function and the failing item; the CLI prints
+    it as one line (exit status 1).
+    """
+
+
+def compute_rewards(
+    fn: Callable[..., Any],
+    completions: list[str],
+    answers: list[str],
+    *,
+    fn_name: str,
+    group_size: int = 1,
+    setting: str = "model.reward.fn",
+) -> Tensor:
+    """``fn(completions, answers)`` checked by :func:`check_rewards`, as a float32 ``[len(completions)]`` tensor.
+
+    Args:
+        fn: The reward function.
+        completions: Decoded completions; rows ``i * group_size ... (i + 1) * group_size - 1`` answer prompt ``i``.
+        answers: Ground truth per row.
+        fn_name: How the user named ``fn`` (the setting's value), for messages.
+        group_size: Completions per prompt, to name the prompt of a failing item.
+        setting: The dotted setting ``fn`` came from.
+
+    Raises:
+        RewardFunctionError: ``fn`` raised (the first item that raises on its own is named, with its prompt
+            index and an excerpt of the completion) or returned a bad value.
+    """
+    try:
+        values = fn(completions, answers)
+    except Exception as err:  # a user's function: whatever it raises is reported with the item it failed on
+        item = _failing_item(fn, completions, answers)
+        if item is None:
+            where = f"on a batch of {len(completions)} completions (no single completion fails alone)"
+        else:
+            prompt, sample = divmod(item, max(group_size, 1))
+            where = (
+                f"on item {item} (prompt {prompt}, sample {sample}: completion {_short_repr(completions[item], 60)}, "
+                f"answer {_short_repr(answers[item], 30)})"
+            )
+        error = " ".join(f"{type(err).__name__}: {err}".split())
+        raise RewardFunctionError(
+            f"{setting}: reward function {fn_name!r} raised {_short_repr_text(error, 160)} {where}, got {fn_name!r}"
+        ) from err
+    return check_rewards(fn_name, values, len(completions), setting=setting)
+
+
+def _failing_item(fn: Callable[..., Any], completions: list[str], answers: list[str], limit: int = 64) -> int | None:
+    """The first of (at most ``limit``) items that makes ``fn`` raise on its own, or None."""
+    for index, (completion, answer) in enumerate(zip(completions[:limit], answers[:limit], strict=True)):
+        try:
+            fn([completion], [answer])
+        except Exception:  # the item the batch call failed on
+            return index
+    return None
+
+
+def _short_repr_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_rewards(fn_name: str, values: Any, expected_len: int, setting: str = "model.reward.fn") -> Tensor:
     """Check one reward call's output and return it as a float32 ``[expected_len]`` tensor.
 
     A reward function must return one finite real number per completion (a list, tuple, numpy array or
@@ -68,14 +134,15 @@ def check_rewards(fn_name: str, values: Any, expected_len: int) -> Tensor:
         fn_name: The reward function's name for messages (e.g. the ``model.reward.fn`` setting).
         values: What the function returned.
         expected_len: Number of completions it was given.
+        setting: The dotted setting the function came from, for messages.
 
     Raises:
-        ValueError: Naming ``fn_name`` and the first offending item.
+        RewardFunctionError: Naming ``setting``, ``fn_name`` and the first offending item.
     """
-    where = f"reward function {fn_name!r}"
+    where = f"{setting}: reward function {fn_name!r}"
     if isinstance(values, Tensor):
         if values.dim() != 1:
-            raise ValueError(
+            raise RewardFunctionError(
                 f"{where} must return one number per completion ({expected_len}), got a tensor of shape "
                 f"{tuple(values.shape)}"
             )
@@ -83,25 +150,25 @@ def check_rewards(fn_name: str, values: Any, expected_len: int) -> Tensor:
     elif hasattr(values, "tolist") and not isinstance(values, (str, bytes)):  # numpy arrays
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(
+        raise RewardFunctionError(
             f"{where} must return a list of {expected_len} floats (one per completion), got "
             f"{type(values).__name__}: {_short_repr(values)}"
         )
     if len(values) != expected_len:
-        raise ValueError(
+        raise RewardFunctionError(
             f"{where} returned {len(values)} rewards for {expected_len} completions; it must return exactly one "
             f"number per completion"
         )
     out = []
     for index, value in enumerate(values):
         if not isinstance(value, numbers.Real):  # bools are numbers (True = 1.0)
-            raise ValueError(
+            raise RewardFunctionError(
                 f"{where}: item {index} is {_short_repr(value)} ({type(value).__name__}), not a number; "
                 f"a reward must be a finite float"
             )
         number = float(value)
         if not math.isfinite(number):
-            raise ValueError(
+            raise RewardFunctionError(
                 f"{where}: item {index} is {number}; rewards must be finite (NaN and inf are refused, "
                 f"never counted as correct or as 0)"
             )

@@ -221,3 +221,44 @@ def test_resolve_failures(user_rewards: str) -> None:
         resolve_reward_fn("")
     with pytest.raises(ValueError, match=r"data.reward: expected a reward name, an import path or a callable, got 3"):
         resolve_reward_fn(3, setting="data.reward")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- a user's function that fails
+def _picky_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """Fails on any completion holding 'x' (as a user's parser might)."""
+    return [float(int(c.strip()) == int(a)) for c, a in zip(completions, answers, strict=True)]
+
+
+def test_a_reward_function_that_raises_is_named_with_the_setting_and_the_failing_item() -> None:
+    from lit_entropy.rewards import RewardFunctionError, compute_rewards
+
+    completions = ["12", "13", "14", "1x5", "15", "16"]  # 3 prompts x 2 samples; item 3 = prompt 1, sample 1
+    answers = ["12", "12", "15", "15", "16", "16"]
+    with pytest.raises(RewardFunctionError) as info:
+        compute_rewards(_picky_reward, completions, answers, fn_name="mypkg:picky", group_size=2)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("model.reward.fn: reward function 'mypkg:picky' raised ValueError: invalid literal")
+    assert "on item 3 (prompt 1, sample 1: completion '1x5', answer '15')" in message
+    assert message.endswith(", got 'mypkg:picky'")
+    assert isinstance(info.value.__cause__, ValueError)  # the user's own exception stays attached
+    ok = compute_rewards(_picky_reward, ["12", "13"], ["12", "12"], fn_name="mypkg:picky", group_size=2)
+    assert ok.tolist() == [1.0, 0.0]
+
+
+def test_a_batch_only_failure_and_a_bad_return_value_name_the_setting() -> None:
+    from lit_entropy.rewards import RewardFunctionError, compute_rewards
+
+    def needs_a_pair(completions: list[str], answers: list[str]) -> list[float]:
+        if len(completions) < 2:
+            return [0.0] * len(completions)
+        raise RuntimeError("batch too large\nsecond line")
+
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"^data\.x: reward function 'f' raised RuntimeError: batch too large "
+        r"second line on a batch of 2 completions \(no single completion fails alone\), got 'f'$",
+    ):
+        compute_rewards(needs_a_pair, ["a", "b"], ["a", "b"], fn_name="f", setting="data.x")
+    with pytest.raises(RewardFunctionError, match=r"^model\.reward\.fn: reward function 'g': item 1 is nan"):
+        compute_rewards(lambda c, a: [1.0, float("nan")], ["a", "b"], ["a", "b"], fn_name="g")

@@ -338,10 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``lit-entropy fit|validate|test|export ...``).
 
     Settings errors and refused actions (:class:`SettingsError`, an export target that holds other files)
-    print one line, ``lit-entropy: error: ...``, and exit with status 2; set ``LIT_ENTROPY_TRACEBACK=1``
-    for the traceback.
+    print one line, ``lit-entropy: error: ...``, and exit with status 2; a user's reward function that fails
+    during the run (:class:`~lit_entropy.rewards.RewardFunctionError`) prints one line and exits with status 1.
+    Set ``LIT_ENTROPY_TRACEBACK=1`` for the traceback.
     """
     import os
+
+    from lit_entropy.rewards import RewardFunctionError
 
     from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
@@ -353,11 +356,11 @@ def main(argv: list[str] | None = None) -> None:
             export_main(argv[1:])
             return
         cli_main(None if from_command_line else argv)
-    except (SettingsError, FileExistsError) as err:
+    except (SettingsError, FileExistsError, RewardFunctionError) as err:
         if os.environ.get("LIT_ENTROPY_TRACEBACK"):
             raise
         print(f"lit-entropy: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(1 if isinstance(err, RewardFunctionError) else 2) from None
 
 
 if __name__ == "__main__":

@@ -133,3 +133,21 @@ def test_every_union_dump_shape_is_read_back_into_one_line():
     )
     assert explain_parse_error("unrecognized arguments: --a.b 3") == "a.b: no such setting, got 3"
     assert explain_parse_error("something\nelse") == "something else"
+
+
+def test_a_failing_reward_function_is_one_line_naming_it_and_the_item(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_failing_rewards.py").write_text(
+        "def score(completions, answers):\n    raise KeyError('no answer line in ' + completions[0][:5])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(GRPO_TINY), *SAFE, "--model.reward.fn=my_failing_rewards:score"])
+    err = capsys.readouterr().err
+    lines = [text for text in err.splitlines() if text.startswith("lit-entropy")]
+    assert exit_info.value.code == 1 and "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(
+        "lit-entropy: error: model.reward.fn: reward function 'my_failing_rewards:score' raised KeyError: "
+    )
+    assert "on item 0 (prompt 0, sample 0: completion " in lines[0]
+    assert lines[0].endswith("got 'my_failing_rewards:score'")

@@ -82,7 +82,7 @@ class ClipCov(TokenCallback):
         clip_cov_ratio: share of the valid tokens to drop, in (0, 1] (verl default 2e-4).
         clip_cov_lb: lower covariance bound (verl default 1.0).
         clip_cov_ub: upper covariance bound (verl default 5.0).
-        seed: base seed of the selection.
+        seed: base seed of the selection, an integer in [0, 2**32 - 1].
         log_prefix: logs ``<prefix>/frac`` (masked share) and ``<prefix>/candidate_frac``.
     """
 
@@ -259,14 +259,16 @@ class AdaptiveEntropyBonus(TokenCallback):
 
     A :class:`~lit_entropy.protocol.LossCoefficientProvider`. Per rollout batch it reads the global
     mean token entropy ``H``, updates ``coef += delta`` if ``H < entropy_target`` else
-    ``coef -= delta``, clamped to ``[coef_min, coef_max]``, and returns ``{"entropy_coef": coef}``,
+    ``coef -= delta``, clamped to ``[coef_min, coef_max]``
+    (:func:`~lit_entropy.functional.entropy_bonus.adaptive_entropy_coef`), and returns ``{"entropy_coef": coef}``,
     which the module uses for the update epochs of that batch. Quadrant view: the bonus adds an update that raises
     entropy at every position (``dH = eta * beta * ||S||^2 >= 0``, THEORY §2), independent of A.
     A static bonus is the module's ``model.loss.entropy_coef`` setting without this callback.
 
     Args:
         entropy_target: target mean token entropy in nats (> 0).
-        initial_coef: starting coefficient; None takes the module's ``entropy_coef`` setting at setup.
+        initial_coef: starting coefficient in ``[coef_min, coef_max]``; None takes the module's ``entropy_coef``
+            setting at setup (clamped).
         coef_delta: step of the coefficient per rollout batch (> 0).
         coef_min: lower clamp (>= 0).
         coef_max: upper clamp (>= coef_min).

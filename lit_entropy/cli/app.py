@@ -14,6 +14,7 @@ import lit_entropy.callbacks  # noqa: F401  (registers the callbacks: --trainer.
 from lit_entropy import __version__
 from lit_entropy.cli.errors import SettingsError
 from lit_entropy.cli.export import export_main
+from lit_entropy.cli.output_paths import check_output_paths
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
@@ -171,6 +172,7 @@ class RFTCLI(LightningCLI):
     def before_fit(self) -> None:
         fit = self.config["fit"]
         check_model_paths(self.model)
+        check_output_paths(self.trainer, self.model, fit=True)  # not when the first checkpoint or export fails
         keep_last_checkpoint(self.trainer, fit["trainer"])
         # Read every data file (columns, encoding, characters) before any model is loaded or validated.
         preflight = getattr(self.datamodule, "preflight", None)
@@ -182,9 +184,11 @@ class RFTCLI(LightningCLI):
 
     def before_validate(self) -> None:
         check_model_paths(self.model)
+        check_output_paths(self.trainer, self.model, fit=False)
 
     def before_test(self) -> None:
         check_model_paths(self.model)
+        check_output_paths(self.trainer, self.model, fit=False)
 
 
 def check_model_paths(model: Any) -> None:

@@ -3,6 +3,7 @@ naming today's dotted key and the value given, with exit status 2 and no traceba
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,39 @@ def test_a_failing_reward_function_is_one_line_naming_it_and_the_item(tmp_path, 
     )
     assert "on item 0 (prompt 0, sample 0: completion " in lines[0]
     assert lines[0].endswith("got 'my_failing_rewards:score'")
+
+
+@pytest.mark.parametrize(
+    ("args", "setting"),
+    [
+        (["--trainer.logger.init_args.save_dir=blocker/runs"], "trainer.logger.init_args.save_dir"),
+        (["--model.logging.export_dir=blocker/export"], "model.logging.export_dir"),
+        (["--model.logging.export_dir=blocker"], "model.logging.export_dir"),
+        (
+            ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.dirpath=blocker/ckpts"],
+            "trainer.callbacks (ModelCheckpoint).init_args.dirpath",
+        ),
+    ],
+    ids=["logger dir", "export dir", "export dir is a file", "checkpoint dir"],
+)
+def test_every_output_path_is_checked_before_the_first_step(args, setting, tmp_path, monkeypatch, capsys):
+    """A file where a run directory must go is named before any model is loaded (the policy stays None)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blocker").write_text("a user's file\n")
+    loaded = []
+    monkeypatch.setattr("lit_entropy.module.RFTModule.configure_model", lambda self: loaded.append(1))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(GRPO_TINY), "--trainer.max_steps=1", *args])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"lit-entropy: error: {setting}: cannot write there ({tmp_path / 'blocker'} is a file")
+    assert not loaded and (tmp_path / "blocker").read_text() == "a user's file\n"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write anywhere")
+def test_a_read_only_log_directory_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ro").mkdir(mode=0o555)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(GRPO_TINY), "--trainer.max_steps=1", "--trainer.logger.init_args.save_dir=ro/x"])
+    assert "trainer.logger.init_args.save_dir: cannot write there" in capsys.readouterr().err

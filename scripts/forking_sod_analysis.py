@@ -123,6 +123,9 @@ def per_run_table(runs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict
         row.update(train_summary(run["train"]))
         row["seconds"] = run["done"]["seconds"]
         row["replay_shortfall"] = run["done"].get("replay_shortfall")
+        if row["replay_shortfall"] is not None:  # share of the replayed Clip_B count that found A < 0 tokens
+            masked = sum(int(r["masked_n_strategy"]) + int(r["masked_n_exec"]) for r in run["train"])
+            row["replay_matched_share"] = masked / max(masked + row["replay_shortfall"], 1)
         table[f"{arm}__s{seed}"] = row
     return table
 

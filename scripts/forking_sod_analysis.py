@@ -1,8 +1,8 @@
 """Analysis of the sum-or-difference forking study (``scripts/forking_sod.py``), by the pre-registered rule.
 
 Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv`` and ``done.json``) and writes
-``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables), ``<exp>/pass_at_64.png`` and ``<exp>/readme_block.md``;
-``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
+``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables), ``<exp>/pass_at_64.png`` and
+``<exp>/readme_block.md``; ``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
 
     python scripts/forking_sod.py --analyze --update-readme
 

@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from lit_entropy import protocol
 from lit_entropy.assets import default_model_path
 from lit_entropy.data.source import PromptSource
-from lit_entropy.internals.lightning import attached_trainer
-from lit_entropy.reporting.dashboard import TrainDashboard, lightning_log_step, log_samples
+from lit_entropy.internals.lightning import attached_trainer, logger_step
+from lit_entropy.metrics import ClipRatio
+from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TagPlan, TrainDashboard, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.rewards import compute_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
@@ -112,7 +113,9 @@ class RFTModule(LightningModule):
         self.policy = self.ref_model = self.critic = self.value_head = None
         self.tokenizer: Any = None
         loss, update, evaluation = self.settings.loss, self.settings.update, self.settings.evaluation
-        self.dashboard = TrainDashboard(loss.clip_ratio_low, loss.clip_ratio_high)
+        self.dashboard = TrainDashboard()
+        self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
+        self.clip_fractions = ClipRatio(loss.clip_ratio_low, loss.clip_ratio_high)  # of one step's updates
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
         self.export_path: str | None = None
@@ -296,8 +299,12 @@ class RFTModule(LightningModule):
             self.policy, rows, self.settings, normalizer=normalizer, forward=forward, values_of=values_of,
             hidden=self.wants_hidden,
         )  # fmt: skip
-        self.dashboard.clip.update(out.ratio, rows.advantages, rows.loss_mask)
+        self.update_clip(out, rows)
         return out
+
+    def update_clip(self, out: UpdateLoss, rows: Experience) -> None:
+        """Count one micro-batch's clipped PPO ratios into this step's clip fractions (``train/clip/*``)."""
+        self.clip_fractions.update(out.ratio, rows.advantages, rows.loss_mask)
 
     def loss_normalizer(self, mask: Tensor) -> float:
         """The global denominator share of one optimizer step on rows with loss mask ``mask`` (all ranks call it)."""
@@ -322,11 +329,36 @@ class RFTModule(LightningModule):
     ) -> None:
         """Scalars of the step (:class:`~lit_entropy.reporting.TrainDashboard`), the progress bar, and (every few steps)
         whole sample groups and the entropy histogram, at the step Lightning writes the scalars at."""
-        self.dashboard.log_step(self, batch, experience, terms)
+        run = self.dashboard_run()
+        clip = self.clip_fractions.compute() if run.plan.off_policy else None  # every rank: may all-reduce
+        self.clip_fractions.reset()
+        report = StepReport(
+            experience=experience, terms=terms, prompts=len(batch["answers"]), clip=clip,
+            lr=self.optimizers().param_groups[0]["lr"], skipped_updates=self.skipped_updates.total,
+        )  # fmt: skip
+        self.dashboard.log_step(run, report)
         every = self.settings.logging.log_samples_every_n_steps
         if every and batch_idx % every == 0 and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
-            n, step = self.settings.logging.num_logged_samples, lightning_log_step(self.trainer)
+            n, step = self.settings.logging.num_logged_samples, logger_step(self.trainer)
             log_samples(self.logger.experiment, step, experience, batch, completions, n)
+
+    def dashboard_run(self) -> DashboardRun:
+        """What the dashboard needs of this run; its :class:`~lit_entropy.reporting.TagPlan` is decided once."""
+        if self.tag_plan is None:
+            trainer = self.trainer
+            self.tag_plan = TagPlan.decide(
+                updates_per_batch=self.updates_per_rollout_batch(), optim=self.settings.optim,
+                group_size=self.settings.sampling.num_samples, rollout_engine=self.rollout_engine,
+                mask_providers=len(protocol.token_mask_providers(trainer)),
+                coefficient_providers=len(protocol.loss_coefficient_providers(trainer)),
+            )  # fmt: skip
+        eos = self.tokenizer.eos_token_id
+        eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+        sampling = self.settings.sampling
+        return DashboardRun(
+            plan=self.tag_plan, group_size=sampling.num_samples, max_new_tokens=sampling.max_new_tokens,
+            eos_token_ids=eos_ids, device=self.device, log=self.log,
+        )  # fmt: skip
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator.reset(dataset_classes(attached_trainer(self)))
@@ -334,10 +366,10 @@ class RFTModule(LightningModule):
     on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
-        self.evaluator.log_epoch_end(self, "val")
+        self.evaluator.log_epoch_end(self.log, "val", self.device)
 
     def on_test_epoch_end(self) -> None:
-        self.evaluator.log_epoch_end(self, "test")
+        self.evaluator.log_epoch_end(self.log, "test", self.device)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self.evaluate(batch, "val")
@@ -354,7 +386,7 @@ class RFTModule(LightningModule):
         sampling = self.evaluation_sampling()
         rollout = self.generate(batch, sampling)
         rewards, _ = self.score(batch, rollout, sampling.num_samples)
-        self.evaluator.update_and_log(self, prefix, rewards, rollout, sampling.num_samples, batch.get("classes"))
+        self.evaluator.update_and_log(self.log, prefix, rewards, rollout, sampling.num_samples, batch.get("classes"))
 
     def token_mask_fields(self) -> frozenset[str]:
         """:class:`~lit_entropy.protocol.TokenMaskingModule`: every context field is filled on request."""
@@ -398,7 +430,14 @@ class RFTModule(LightningModule):
         Default location: ``model.logging.export_dir``, else ``<log_dir>/hf_model``. Under FSDP2 every rank
         must call it (the full weights are gathered); rank 0 writes.
         """
-        from lit_entropy.models.export import export_module_policy
+        from lit_entropy.models.export import default_export_dir, export_policy
+        from lit_entropy.models.loading import load_tokenizer
 
-        self.export_path = export_module_policy(self, path or self.settings.logging.export_dir, attached_trainer(self))
+        trainer, path = attached_trainer(self), path or self.settings.logging.export_dir
+        if path is None and trainer is None:
+            raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
+        tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
+        strategy = None if trainer is None else trainer.strategy
+        path = path or default_export_dir(trainer)
+        self.export_path = export_policy(self.policy, tokenizer, path, strategy=strategy, write=self.global_rank == 0)
         return self.export_path

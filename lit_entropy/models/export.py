@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["EXPORT_MARKER", "check_export_target", "export_hf_model", "export_module_policy", "is_export"]
+__all__ = [
+    "EXPORT_MARKER",
+    "check_export_target",
+    "default_export_dir",
+    "export_hf_model",
+    "export_policy",
+    "is_export",
+]
 
 #: File written into every export; its presence allows the next export to replace the directory.
 EXPORT_MARKER = ".lit_entropy_export.json"
@@ -116,27 +123,39 @@ def export_hf_model(
     return atomic_directory_replace(build, target)
 
 
-def export_module_policy(module: Any, path: str | os.PathLike | None, trainer: Any) -> str:
-    """Export an :class:`~lit_entropy.module.RFTModule`'s policy and tokenizer; every rank calls it, rank 0 writes.
+def default_export_dir(trainer: Any) -> str:
+    """Where a run exports its policy when ``model.logging.export_dir`` is null: ``<log_dir>/hf_model``."""
+    return f"{trainer.log_dir or trainer.default_root_dir}/hf_model"
+
+
+def export_policy(
+    policy: Any,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    *,
+    strategy: Any | None = None,
+    write: bool = True,
+    setting: str = "model.logging.export_dir",
+) -> str:
+    """Export ``policy`` and ``tokenizer`` to ``path`` (:func:`export_hf_model`) from a run; returns the path.
+
+    Under a distributed ``strategy`` every rank calls it: rank 0's ``path`` is used, the full weights are
+    gathered, the rank with ``write=True`` (rank 0) writes and all ranks wait for it.
 
     Args:
-        module: the module.
-        path: target directory (``model.logging.export_dir``); None = ``<log_dir>/hf_model`` of ``trainer``.
-        trainer: the Trainer the module is attached to, or None (then ``path`` is required).
+        policy: A transformers ``PreTrainedModel`` (possibly FSDP2-sharded).
+        tokenizer: Its tokenizer.
+        path: Output directory.
+        strategy: The run's Lightning strategy (``broadcast`` / ``barrier``), or None outside a run.
+        write: False on ranks other than 0.
+        setting: Name of the setting holding ``path``, for messages.
     """
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-    from lit_entropy.models.loading import load_tokenizer
-
-    if path is None and trainer is None:
-        raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
-    if path is None:
-        path = f"{trainer.log_dir or trainer.default_root_dir}/hf_model"
-    if trainer is not None:
-        path = trainer.strategy.broadcast(str(path))
-    tokenizer = module.tokenizer or load_tokenizer(module.model_name_or_path)
-    export_hf_model(module.policy, tokenizer, path, write=module.global_rank == 0, setting="model.logging.export_dir")
-    if trainer is not None:
-        trainer.strategy.barrier("export_pretrained")
+    if strategy is not None:
+        path = strategy.broadcast(str(path))
+    export_hf_model(policy, tokenizer, path, write=write, setting=setting)
+    if strategy is not None:
+        strategy.barrier("export_pretrained")
     rank_zero_info(f"lit_entropy: exported the policy to {path}")
     return str(path)

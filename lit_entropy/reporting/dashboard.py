@@ -13,7 +13,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,19 +21,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lit_entropy import protocol
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
-from lit_entropy.internals.lightning import attached_trainer
-from lit_entropy.internals.lightning import logger_step as lightning_log_step
-from lit_entropy.metrics import ClipRatio, TokenEntropy
+from lit_entropy.metrics import TokenEntropy
 from lit_entropy.rollout.base import RolloutEngine
+from lit_entropy.settings import OptimConfig
 
 __all__ = [
+    "DashboardRun",
     "PhaseTimer",
+    "StepReport",
     "TagPlan",
     "TrainDashboard",
     "batch_statistics",
-    "lightning_log_step",
     "loss_scalars",
     "peak_memory_mb",
     "samples_markdown",
@@ -74,17 +73,77 @@ class TagPlan:
     syncs_weights: bool = False
 
     @staticmethod
-    def of(module: Any) -> TagPlan:
-        """The plan of an :class:`~lit_entropy.module.RFTModule` attached to its trainer."""
-        settings, trainer = module.settings, attached_trainer(module)
+    def decide(
+        *,
+        updates_per_batch: int,
+        optim: OptimConfig,
+        group_size: int,
+        mask_providers: int,
+        coefficient_providers: int,
+        rollout_engine: RolloutEngine,
+    ) -> TagPlan:
+        """The plan of a run from what it is made of (every rank must pass the same values).
+
+        Args:
+            updates_per_batch: optimizer steps per rollout batch (epochs x mini-batches).
+            optim: the optimizer settings (warm-up and LR schedule).
+            group_size: samples per prompt.
+            mask_providers: keep-mask callbacks attached to the trainer.
+            coefficient_providers: loss-coefficient callbacks attached to the trainer.
+            rollout_engine: the engine that samples the rollouts.
+        """
         return TagPlan(
-            off_policy=module.updates_per_rollout_batch() > 1,
-            lr_changes=settings.optim.warmup_steps > 0 or settings.optim.lr_schedule != "constant",
-            grouped=settings.sampling.num_samples > 1,
-            mask_providers=len(protocol.token_mask_providers(trainer)),
-            coefficient_providers=bool(protocol.loss_coefficient_providers(trainer)),
-            syncs_weights=type(module.rollout_engine).sync_weights is not RolloutEngine.sync_weights,
+            off_policy=updates_per_batch > 1,
+            lr_changes=optim.warmup_steps > 0 or optim.lr_schedule != "constant",
+            grouped=group_size > 1,
+            mask_providers=mask_providers,
+            coefficient_providers=coefficient_providers > 0,
+            syncs_weights=type(rollout_engine).sync_weights is not RolloutEngine.sync_weights,
         )
+
+
+@dataclass(frozen=True)
+class DashboardRun:
+    """What :class:`TrainDashboard` needs to know about the run; the module builds it (the same on every rank).
+
+    Attributes:
+        plan: which optional tags are logged.
+        group_size: samples per prompt (rows are grouped by prompt, ``group_size`` consecutive rows each).
+        max_new_tokens: the sampling length limit (a completion this long without an EOS is truncated).
+        eos_token_ids: ids that end a completion.
+        device: this rank's device (peak memory is read from it).
+        log: ``LightningModule.log``: ``log(name, value, **options)``.
+    """
+
+    plan: TagPlan
+    group_size: int
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    device: torch.device
+    log: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """The finished numbers of one training step, handed by the module to :meth:`TrainDashboard.log_step`.
+
+    Attributes:
+        experience: the step's :class:`~lit_entropy.step.Experience` after the callbacks (rewards, advantages,
+            entropy, masks, coefficients, rollout gap).
+        terms: mean loss terms of the step's updates and ``grad_norm`` (:meth:`RFTModule.update`).
+        prompts: prompts in this rank's batch.
+        lr: the learning rate after the step.
+        skipped_updates: updates skipped so far in the run (cumulative).
+        clip: the step's PPO clip fractions (``ClipRatio.compute()``: ``low``, ``high``, ``total``), or None when
+            the plan logs none.
+    """
+
+    experience: Any
+    terms: dict[str, float]
+    prompts: int
+    lr: float
+    skipped_updates: int = 0
+    clip: dict[str, Tensor] | None = None
 
 
 class PhaseTimer:
@@ -215,55 +274,47 @@ def loss_scalars(terms: dict[str, float], plan: TagPlan) -> dict[str, float]:
 class TrainDashboard(nn.Module):
     """Everything one training step logs besides the callbacks' own tags (owned by the module).
 
-    Args:
-        clip_ratio_low: lower PPO clip epsilon.
-        clip_ratio_high: upper PPO clip epsilon.
+    Data flows one way: the module times its phases with :attr:`timer` and hands each step's finished
+    numbers (:class:`StepReport`) to :meth:`log_step` with a :class:`DashboardRun`; the dashboard never
+    reads the module.
     """
 
-    def __init__(self, clip_ratio_low: float, clip_ratio_high: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.entropy = TokenEntropy()
-        self.clip = ClipRatio(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
         self.timer = PhaseTimer()
-        self.plan: TagPlan | None = None
         # Rewards other than 0 / 1 seen so far: before, reward min / max are 0 / 1 and say nothing.
         self.non_binary_rewards = False
 
-    def log_step(self, module: Any, batch: dict[str, Any], experience: Any, terms: dict[str, float]) -> None:
-        """Log the step's ``train/*`` and ``perf/*`` scalars through ``module`` (every rank calls it)."""
-        self.plan = self.plan or TagPlan.of(module)
-        plan, settings = self.plan, module.settings
-        eos = module.tokenizer.eos_token_id
-        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        sampling = settings.sampling
-        stats = batch_statistics(experience, sampling.num_samples, sampling.max_new_tokens, eos_ids, plan)
+    def log_step(self, run: DashboardRun, report: StepReport) -> None:
+        """Log the step's ``train/*`` and ``perf/*`` scalars with ``run.log`` (every rank calls it)."""
+        plan, experience, log = run.plan, report.experience, run.log
+        stats = batch_statistics(experience, run.group_size, run.max_new_tokens, list(run.eos_token_ids), plan)
         self.non_binary_rewards |= stats.pop("non_binary_rewards") > 0  # a global count: every rank agrees
         if not self.non_binary_rewards:
             del stats["train/reward/min"], stats["train/reward/max"]
         if plan.lr_changes:
-            stats["train/optim/lr"] = module.optimizers().param_groups[0]["lr"]
-        if module.skipped_updates.total:  # a cumulative count, logged from the first skipped update on
-            stats["train/optim/skipped_updates"] = float(module.skipped_updates.total)
+            stats["train/optim/lr"] = report.lr
+        if report.skipped_updates:  # a cumulative count, logged from the first skipped update on
+            stats["train/optim/skipped_updates"] = float(report.skipped_updates)
         if plan.coefficient_providers:
             stats["train/loss/entropy_coef"] = experience.coefficients["entropy_coef"]
         if experience.rollout_gap is not None:
             stats.update(self._gap(experience))
-        stats.update(self._perf(module, experience))
-        size = len(batch["answers"])
-        module.log_dict({k: torch.tensor(float(v)) for k, v in stats.items()}, on_step=True, batch_size=size)
-        losses = {k: torch.tensor(float(v)) for k, v in loss_scalars(terms, plan).items()}
-        module.log_dict(losses, on_step=True, batch_size=size, sync_dist=True)
+        stats.update(self._perf(run, experience))
+        for key, value in stats.items():
+            log(key, torch.tensor(float(value)), on_step=True, batch_size=report.prompts)
+        for key, value in loss_scalars(report.terms, plan).items():
+            log(key, torch.tensor(float(value)), on_step=True, batch_size=report.prompts, sync_dist=True)
         self.entropy.update(experience.entropy, experience.response_mask)
         entropy = self.entropy.compute()
-        module.log("train/entropy/mean", entropy, on_step=True, batch_size=1)
-        if plan.off_policy:
-            clip = self.clip.compute()
+        log("train/entropy/mean", entropy, on_step=True, batch_size=1)
+        if plan.off_policy and report.clip is not None:
             for name, key in (("ratio", "total"), ("low", "low"), ("high", "high")):
-                module.log(f"train/clip/{name}", clip[key], on_step=True, batch_size=1)
+                log(f"train/clip/{name}", report.clip[key], on_step=True, batch_size=1)
         self.entropy.reset()
-        self.clip.reset()
-        module.log("reward", stats["train/reward/mean"], prog_bar=True, logger=False, batch_size=1)
-        module.log("entropy", entropy, prog_bar=True, logger=False, batch_size=1)
+        log("reward", stats["train/reward/mean"], prog_bar=True, logger=False, batch_size=1)
+        log("entropy", entropy, prog_bar=True, logger=False, batch_size=1)
 
     def _gap(self, experience: Any) -> dict[str, float]:
         """Trainer minus rollout-engine log-prob of the sampled tokens (engines that report log-probs)."""
@@ -275,16 +326,16 @@ class TrainDashboard(nn.Module):
             "train/rollout/logprob_gap_max": float(extremes[0]),
         }
 
-    def _perf(self, module: Any, experience: Any) -> dict[str, float]:
+    def _perf(self, run: DashboardRun, experience: Any) -> dict[str, float]:
         """``perf/time_<phase>_s`` of this rank, generated tokens per second (global), peak memory (this rank)."""
         seconds = self.timer.pop()
-        if not self.plan.syncs_weights:
+        if not run.plan.syncs_weights:
             seconds.pop("sync", None)
         out = {f"perf/time_{phase}_s": value for phase, value in seconds.items()}
         tokens = all_reduce_sum(experience.response_mask.sum().to(torch.float64).reshape(1))
         if "generate" in seconds:
             out["perf/tokens_per_s"] = float(tokens) / max(seconds["generate"], 1e-9)
-        out["perf/peak_memory_mb"] = peak_memory_mb(module.device)
+        out["perf/peak_memory_mb"] = peak_memory_mb(run.device)
         return out
 
 
@@ -329,7 +380,7 @@ def log_samples(
 ) -> None:
     """Write the token-entropy histogram and a table of whole sample groups to a TensorBoard ``writer``.
 
-    Use ``step = lightning_log_step(trainer)`` so they line up with the step's scalars.
+    Use ``step = lit_entropy.internals.lightning.logger_step(trainer)`` so they line up with the step's scalars.
     """
     mask = experience.response_mask
     group = len(completions) // len(batch["prompts"])

@@ -7,6 +7,7 @@ not 0 or 1 (for 0/1 rewards with ``correct_threshold`` 1 it equals ``avg@K``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,9 +66,15 @@ class SampleEvaluator(nn.Module):
         self.class_sums = torch.zeros(len(self.classes), 2, dtype=torch.float64)
 
     def update_and_log(
-        self, module: Any, prefix: str, rewards: Tensor, rollout: Any, k: int, classes: list[str] | None = None
+        self,
+        log: Callable[..., Any],
+        prefix: str,
+        rewards: Tensor,
+        rollout: Any,
+        k: int,
+        classes: list[str] | None = None,
     ) -> None:
-        """Add one batch (``rewards`` ``[prompts * K]``, prompt groups) and log it through ``module``.
+        """Add one batch (``rewards`` ``[prompts * K]``, prompt groups) and log it with ``log`` (``module.log``).
 
         Logs ``<prefix>/avg@K``, ``<prefix>/pass@k`` for k > 1 (DDP-correct metrics) and ``<prefix>/length/mean``.
         A sample is correct when its reward is >= ``correct_threshold``. ``classes``: one per prompt, for
@@ -88,27 +95,28 @@ class SampleEvaluator(nn.Module):
             per_prompt = correct.double().mean(-1).cpu()
             self.class_sums.index_add_(0, index, torch.stack([per_prompt, torch.ones_like(per_prompt)], -1))
         size = correct.shape[0]
-        module.log(f"{prefix}/avg@{k}", self.avg, on_epoch=True, prog_bar=True, batch_size=size)
+        log(f"{prefix}/avg@{k}", self.avg, on_epoch=True, prog_bar=True, batch_size=size)
         for kk, metric in self.passes.items():
             if kk != "1":
-                module.log(f"{prefix}/pass@{kk}", metric, on_epoch=True, batch_size=size)
+                log(f"{prefix}/pass@{kk}", metric, on_epoch=True, batch_size=size)
         lengths = rollout.response_mask.sum(-1).float().mean()
-        module.log(f"{prefix}/length/mean", lengths, on_epoch=True, batch_size=size, sync_dist=True)
+        log(f"{prefix}/length/mean", lengths, on_epoch=True, batch_size=size, sync_dist=True)
 
-    def log_epoch_end(self, module: Any, prefix: str) -> None:
+    def log_epoch_end(self, log: Callable[..., Any], prefix: str, device: torch.device) -> None:
         """Log ``<prefix>/reward/mean`` (only when some reward was neither 0 nor 1) and ``<prefix>/avg@K/<class>``.
 
         Every rank must call it: the decisions use globally reduced values, so all ranks log the same tags.
+        ``log`` is ``LightningModule.log``; ``device``: where the all-reduce runs (this rank's device).
         """
         if self.k is None:
             return
         if float(self.non_binary.compute()) > 0:
-            module.log(f"{prefix}/reward/mean", self.reward.compute(), on_epoch=True)
+            log(f"{prefix}/reward/mean", self.reward.compute(), on_epoch=True)
         if self.classes:
-            sums = all_reduce_sum(self.class_sums.to(module.device)).tolist()
+            sums = all_reduce_sum(self.class_sums.to(device)).tolist()
             for name, (total, prompts) in zip(self.classes, sums, strict=True):
                 if prompts > 0:
-                    module.log(f"{prefix}/avg@{self.k}/{name}", total / prompts, on_epoch=True)
+                    log(f"{prefix}/avg@{self.k}/{name}", total / prompts, on_epoch=True)
         self.check_threshold()
 
     def check_threshold(self) -> None:

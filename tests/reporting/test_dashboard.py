@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from lit_entropy.reporting.console import ConsoleMetrics
-from lit_entropy.reporting.dashboard import TagPlan, batch_statistics, samples_markdown
+from lit_entropy.reporting.dashboard import (
+    DashboardRun,
+    StepReport,
+    TagPlan,
+    TrainDashboard,
+    batch_statistics,
+    samples_markdown,
+)
 from lit_entropy.reporting.evaluation import SampleEvaluator
 from lit_entropy.reporting.hparams import callback_init_args, flatten_hparams
 from lit_entropy.rollout import RolloutBatch
@@ -181,6 +188,70 @@ def test_batch_statistics_match_a_brute_force_reference():
     assert "train/entropy/kept" not in batch_statistics(exp, 2, 4, [2], TagPlan())
 
 
+def test_tag_plan_decides_from_explicit_facts():
+    from lit_entropy.rollout import HFRolloutEngine, RolloutEngine
+    from lit_entropy.settings import OptimConfig
+
+    class Syncing(HFRolloutEngine):
+        def sync_weights(self, policy, step):  # an engine with its own copy of the weights
+            pass
+
+    facts = dict(optim=OptimConfig(), group_size=4, mask_providers=0, coefficient_providers=0)
+    plain = TagPlan.decide(updates_per_batch=1, rollout_engine=HFRolloutEngine(), **facts)
+    assert plain == TagPlan(off_policy=False, lr_changes=False, grouped=True, syncs_weights=False)
+    assert Syncing.sync_weights is not RolloutEngine.sync_weights
+    busy = TagPlan.decide(
+        updates_per_batch=4, optim=OptimConfig(warmup_steps=2), group_size=1, mask_providers=2,
+        coefficient_providers=1, rollout_engine=Syncing(),
+    )  # fmt: skip
+    assert busy == TagPlan(True, True, False, 2, True, True)
+    cosine = {**facts, "optim": OptimConfig(lr_schedule="cosine")}
+    assert TagPlan.decide(updates_per_batch=1, rollout_engine=HFRolloutEngine(), **cosine).lr_changes
+
+
+def test_the_dashboard_logs_the_numbers_the_module_hands_it():
+    """Everything logged comes from the DashboardRun / StepReport: lr, skipped updates, clip fractions, coefficients."""
+    torch.manual_seed(1)
+    exp = _experience([1.0, 0.0, 0.25, 1.0], [3, 2, 3, 1], 3, [True] * 4, torch.randn(4, 3), torch.rand(4, 3))
+    exp.coefficients, exp.rollout_gap = {"entropy_coef": 0.125}, None
+    logged = {}
+
+    def log(name, value, **options):
+        logged[name] = (float(value), options)
+
+    plan = TagPlan(off_policy=True, lr_changes=True, grouped=True, coefficient_providers=True)
+    run = DashboardRun(
+        plan=plan, group_size=2, max_new_tokens=3, eos_token_ids=(2,), device=torch.device("cpu"), log=log
+    )
+    clip = {"low": torch.tensor(0.25), "high": torch.tensor(0.5), "total": torch.tensor(0.75)}
+    terms = {"pg_loss": -0.5, "grad_norm": 2.0, "approx_kl": 0.01}
+    report = StepReport(experience=exp, terms=terms, prompts=2, lr=3e-4, skipped_updates=1, clip=clip)
+    TrainDashboard().log_step(run, report)
+    assert logged["train/optim/lr"][0] == pytest.approx(3e-4)
+    assert logged["train/optim/skipped_updates"][0] == 1.0
+    assert logged["train/loss/entropy_coef"][0] == 0.125
+    assert {k: logged[f"train/clip/{n}"][0] for n, k in (("ratio", "total"), ("low", "low"), ("high", "high"))} == {
+        "total": 0.75, "low": 0.25, "high": 0.5,
+    }  # fmt: skip
+    assert logged["train/loss/policy"] == (-0.5, {"on_step": True, "batch_size": 2, "sync_dist": True})
+    assert logged["train/clip/approx_kl"][0] == pytest.approx(0.01)
+    assert logged["train/optim/grad_norm"][0] == 2.0
+    valid = [exp.entropy[i, j] for i, n in enumerate([3, 2, 3, 1]) for j in range(n)]
+    assert logged["train/entropy/mean"][0] == pytest.approx(float(torch.stack(valid).mean()), rel=1e-6)
+    assert logged["train/reward/mean"] == (pytest.approx(2.25 / 4), {"on_step": True, "batch_size": 2})
+    assert logged["train/reward/min"][0] == 0.0  # a reward of 0.25: min / max carry information
+    assert "perf/time_sync_s" not in logged and "perf/peak_memory_mb" in logged
+    quiet = {}
+    off = DashboardRun(
+        plan=TagPlan(), group_size=2, max_new_tokens=3, eos_token_ids=(2,), device=torch.device("cpu"),
+        log=lambda name, value, **options: quiet.setdefault(name, value),
+    )  # fmt: skip
+    TrainDashboard().log_step(off, StepReport(experience=exp, terms={"grad_norm": 1.0}, prompts=2, lr=1.0))
+    assert not {"train/optim/lr", "train/optim/skipped_updates", "train/clip/ratio", "train/loss/entropy_coef"} & set(
+        quiet
+    )
+
+
 def test_samples_show_whole_groups_with_reward_and_advantage():
     table = samples_markdown(
         ["1+1=", "2+2=", "3+3="],
@@ -216,15 +287,15 @@ def test_per_class_avg_at_k_and_the_reward_mean_only_for_non_binary_rewards():
     rollout = RolloutBatch(torch.zeros(6, 3, dtype=torch.long), torch.ones(6, 3), torch.ones(6, 1, dtype=torch.bool))
     module = _Recorder()
     evaluator.update_and_log(
-        module, "val", torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), rollout, 2, ["add", "sub", "add"]
+        module.log, "val", torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), rollout, 2, ["add", "sub", "add"]
     )
-    evaluator.log_epoch_end(module, "val")
+    evaluator.log_epoch_end(module.log, "val", module.device)
     assert module.logged["val/avg@2/add"] == pytest.approx((0.5 + 0.0) / 2)
     assert module.logged["val/avg@2/sub"] == pytest.approx(1.0)
     assert "val/reward/mean" not in module.logged and "val/pass@1" not in module.logged
     evaluator.reset(None)
-    evaluator.update_and_log(module, "val", torch.tensor([0.5, 1.0]), rollout.select(slice(0, 2)), 2)
-    evaluator.log_epoch_end(module, "val")
+    evaluator.update_and_log(module.log, "val", torch.tensor([0.5, 1.0]), rollout.select(slice(0, 2)), 2)
+    evaluator.log_epoch_end(module.log, "val", module.device)
     assert float(module.logged["val/reward/mean"]) == pytest.approx(0.75)
 
 

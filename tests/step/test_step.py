@@ -67,20 +67,20 @@ def test_correctness_is_a_configurable_reward_threshold():
     rewards = torch.tensor([0.6, 0.4, 0.2, 0.0, 0.5, 0.9])  # 3 prompts x K=2
     rollout = RolloutBatch(torch.zeros(6, 3, dtype=torch.long), torch.ones(6, 3), torch.ones(6, 1, dtype=torch.bool))
     module = _LogRecorder()
-    evaluator.update_and_log(module, "val", rewards, rollout, k=2)
+    evaluator.update_and_log(module.log, "val", rewards, rollout, k=2)
     assert evaluator.avg.compute().item() == pytest.approx((1 / 2 + 0 + 2 / 2) / 3)
     assert evaluator.passes["1"].compute().item() == pytest.approx((0.5 + 0 + 1) / 3)
     assert {"val/avg@2", "val/pass@2", "val/length/mean"} == set(module.logged)  # pass@1 = avg@2: logged once
 
     signed = SampleEvaluator([1], correct_threshold=1.0)
-    signed.update_and_log(module, "val", torch.tensor([-1.0, 1.0, 1.0, -1.0]), rollout.select(slice(0, 4)), k=2)
+    signed.update_and_log(module.log, "val", torch.tensor([-1.0, 1.0, 1.0, -1.0]), rollout.select(slice(0, 4)), k=2)
     assert signed.avg.compute().item() == pytest.approx(0.5)
 
 
 def test_a_threshold_no_reward_reaches_warns_with_the_observed_range():
     evaluator = SampleEvaluator([1], correct_threshold=1.0)
     rollout = RolloutBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.ones(2, 1, dtype=torch.bool))
-    evaluator.update_and_log(_LogRecorder(), "val", torch.tensor([0.25, 0.75]), rollout, k=2)
+    evaluator.update_and_log(_LogRecorder().log, "val", torch.tensor([0.25, 0.75]), rollout, k=2)
     with pytest.warns(UserWarning, match=r"correct_threshold=1.0 \(observed rewards in \[0.25, 0.75\]\)"):
         evaluator.check_threshold()
     with warnings.catch_warnings():

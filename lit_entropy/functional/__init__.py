@@ -49,6 +49,13 @@ from lit_entropy.functional.policy_loss import (
     ppo_policy_loss,
     value_loss,
 )
+from lit_entropy.functional.policy_loss_cispo import cispo_policy_loss
+from lit_entropy.functional.policy_losses_sequence import (
+    gmpo_policy_loss,
+    gspo_policy_loss,
+    gspo_token_policy_loss,
+    sequence_log_ratio,
+)
 from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -97,6 +104,7 @@ __all__ = [
     "check_max_frac",
     "check_policy_loss_args",
     "check_value_loss_args",
+    "cispo_policy_loss",
     "clip_b_mask",
     "clip_v_deviation",
     "clip_v_mask",
@@ -108,8 +116,11 @@ __all__ = [
     "estimator_needs_values",
     "gae_advantages",
     "gae_estimator",
+    "gmpo_policy_loss",
     "grpo_advantages",
     "grpo_estimator",
+    "gspo_policy_loss",
+    "gspo_token_policy_loss",
     "kl_penalty",
     "kth_largest",
     "linear_entropy_loss",
@@ -128,6 +139,7 @@ __all__ = [
     "register_advantage_estimator",
     "register_policy_loss",
     "sample_categorical",
+    "sequence_log_ratio",
     "tie_counts",
     "top_k_cut",
     "top_k_mask",

@@ -1,0 +1,238 @@
+"""Policy losses with sequence-level importance ratios: GSPO, GSPO-token and GMPO.
+
+Registered in :data:`~lit_entropy.functional.registry.POLICY_LOSSES` with the common signature and
+returning :class:`~lit_entropy.functional.policy_loss.PolicyLossStats`.
+
+Which tokens do what (``N`` sequences, ``T`` tokens):
+
+- a sequence's ratio is taken over its *valid response tokens*, ``response_mask`` (the registry's extra;
+  ``mask`` when absent, and every token of ``mask`` counts as valid too);
+- the loss is taken over ``mask`` (the loss mask, possibly narrowed by callbacks): under ``gspo`` and
+  ``gmpo`` each token of ``mask`` carries its sequence's loss, under ``gspo_token`` its own token loss.
+  So a token a callback masks still shapes its sequence's ratio (and under ``gspo``/``gmpo`` receives
+  gradient through it); ``gspo_token`` is the variant whose masked tokens get no gradient.
+- ``loss_agg_mode`` then aggregates those per-token values: ``seq-mean-token-mean`` is the papers'
+  sequence mean (every sequence counts once); ``token-mean`` weights each sequence by its number of
+  loss tokens, ``token-sum`` / ``seq-mean-token-sum`` by that number without dividing by it,
+  ``seq-mean-token-sum-norm`` by that number over the constant.
+
+The dual clip (``clip_ratio_c``) is not part of these papers and is not applied (``dual_clip_frac`` is 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_entropy.functional.masked import as_bool_mask, compute_dtype, masked_mean
+from lit_entropy.functional.policy_loss import (
+    LOG_RATIO_CLAMP,
+    PolicyLossStats,
+    _token_advantages,
+    aggregate_loss,
+    check_policy_loss_args,
+    clipped_token_masks,
+)
+from lit_entropy.functional.registry import register_policy_loss
+
+__all__ = ["gmpo_policy_loss", "gspo_policy_loss", "gspo_token_policy_loss", "sequence_log_ratio"]
+
+
+def sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor) -> Tensor:
+    """GSPO's length-normalised sequence log-ratio ``log s_i = mean_t log r_it`` over valid tokens, clamped.
+
+    Args:
+        log_ratio: ``[N, T]`` token log-ratios ``log pi - log pi_old``.
+        response_mask: ``[N, T]`` bool, the sequence's valid tokens.
+
+    Returns:
+        ``[N]``, clamped to ``[-20, 20]`` (0 for a row without valid tokens).
+    """
+    return masked_mean(log_ratio, as_bool_mask(response_mask), dim=-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _prepare(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, response_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Shared inputs: ``(mask, response, logprobs, log_ratio, token_advantages)``, zero outside ``response``.
+
+    ``logprobs`` is cast to the compute dtype and stays differentiable; ``old_logprobs`` and
+    ``advantages`` (``[N]`` or ``[N, T]``) are detached; the advantages are expanded to ``[N, T]``.
+    """
+    advantages = _token_advantages(logprobs, old_logprobs, advantages, mask)
+    mask = as_bool_mask(mask)
+    if response_mask is None:
+        response = mask
+    else:
+        if response_mask.shape != mask.shape:
+            raise ValueError(f"response_mask {tuple(response_mask.shape)} must have mask's shape {tuple(mask.shape)}")
+        response = as_bool_mask(response_mask) | mask
+    dtype = compute_dtype(logprobs, old_logprobs, advantages)
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    lp = torch.where(response, logprobs.to(dtype), zero)
+    log_ratio = torch.where(response, lp - old_logprobs.detach().to(dtype), zero)
+    adv = torch.where(response, advantages.detach().to(dtype).expand(mask.shape), zero)
+    return mask, response, lp, log_ratio, adv
+
+
+@torch.no_grad()
+def _stats(low: Tensor, high: Tensor, ratio: Tensor, token_log_ratio: Tensor, mask: Tensor) -> PolicyLossStats:
+    """Token-weighted fractions over ``mask`` of the ``[N, T]`` clip indicators, mean ``ratio`` and ``k3`` KL."""
+    dtype = ratio.dtype
+    log_r = token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return PolicyLossStats(
+        clip_frac_low=masked_mean(low.to(dtype), mask),
+        clip_frac_high=masked_mean(high.to(dtype), mask),
+        clip_frac=masked_mean((low | high).to(dtype), mask),
+        dual_clip_frac=torch.zeros((), dtype=dtype, device=ratio.device),
+        approx_kl=masked_mean(torch.exp(log_r) - 1.0 - log_r, mask),
+        ratio_mean=masked_mean(ratio.detach().expand(mask.shape), mask),
+    )
+
+
+def _check(clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str, loss_scale_factor: float | None) -> None:
+    check_policy_loss_args(
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=None,
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
+    )
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    normalizer: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    response_mask: Tensor | None = None,
+    **extra: Any,
+) -> tuple[Tensor, PolicyLossStats]:
+    """GSPO (Zheng et al. 2025): clipped surrogate on the sequence ratio ``s_i = exp(mean_t log r_it)``.
+
+    Per sequence ``l_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))`` with ``A_i`` the mean
+    advantage over the valid tokens (the sequence's advantage for outcome estimators); ``l_i`` sits on
+    each token of ``mask`` and is aggregated by ``loss_agg_mode`` (see the module docstring).
+    ``s_i`` is differentiable: its gradient is ``s_i mean_t grad log pi_it``.
+
+    The ranges are the ones passed in; the paper (and verl's recipe) uses ``eps_low = 3e-4``,
+    ``eps_high = 4e-4``: a sequence ratio moves far less than a token ratio, PPO's 0.2 never binds.
+
+    Args:
+        logprobs, old_logprobs: ``[N, T]`` current (differentiable) and behaviour log-probs.
+        advantages: ``[N, T]`` or ``[N]``.
+        mask: ``[N, T]`` bool loss mask.
+        clip_ratio_low, clip_ratio_high: ``eps_low``, ``eps_high`` of the sequence ratio.
+        clip_ratio_c: not read (no dual clip).
+        loss_agg_mode, normalizer, loss_scale_factor: see :func:`~lit_entropy.functional.aggregate_loss`.
+        response_mask: ``[N, T]`` bool valid response tokens (the ratio's tokens); ``mask`` when None.
+
+    Returns:
+        ``(loss, stats)``; clip fractions count the loss tokens of sequences whose clip binds.
+    """
+    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    seq_adv = masked_mean(adv, response, dim=-1)
+    seq_ratio = torch.exp(sequence_log_ratio(log_ratio, response))
+    clipped = seq_ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    per_seq = torch.maximum(-seq_adv * seq_ratio, -seq_adv * clipped)
+    per_token = per_seq.unsqueeze(-1).expand(mask.shape)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    low, high = clipped_token_masks(
+        seq_ratio.detach(), seq_adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+    )
+    broadcast = (low.unsqueeze(-1).expand(mask.shape), high.unsqueeze(-1).expand(mask.shape))
+    return loss, _stats(*broadcast, seq_ratio.unsqueeze(-1), log_ratio, mask)
+
+
+@register_policy_loss("gspo_token")
+def gspo_token_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    normalizer: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    response_mask: Tensor | None = None,
+    **extra: Any,
+) -> tuple[Tensor, PolicyLossStats]:
+    """GSPO-token: the clipped surrogate on ``s_it = sg[s_i] * pi_it / sg[pi_it]``, per token.
+
+    ``s_it`` equals ``s_i`` in value but its gradient is ``s_i grad log pi_it``, so token-level advantages
+    ``A_it`` are allowed; with a per-sequence advantage and ``seq-mean-token-mean`` its loss and gradient
+    equal :func:`gspo_policy_loss`'s. Per token ``max(-A_it s_it, -A_it clip(s_it, 1 - eps_low, 1 + eps_high))``
+    over ``mask``, aggregated by ``loss_agg_mode``. Arguments as :func:`gspo_policy_loss`.
+
+    Returns:
+        ``(loss, stats)``; clip fractions over the loss tokens (``s_i`` out of range with the sign of ``A_it``).
+    """
+    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    log_s = sequence_log_ratio(log_ratio, response).detach().unsqueeze(-1)
+    ratio = torch.exp(lp - lp.detach() + log_s)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high))
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    low, high = clipped_token_masks(ratio.detach(), adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    return loss, _stats(low, high, ratio, log_ratio, mask)
+
+
+@register_policy_loss("gmpo")
+def gmpo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    normalizer: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    response_mask: Tensor | None = None,
+    **extra: Any,
+) -> tuple[Tensor, PolicyLossStats]:
+    """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, clipped token-wise in log space.
+
+    Per token ``m_it = sgn(A) min(sgn(A) log r_it, sgn(A) clip(log r_it, -eps_low, eps_high))`` (the
+    pessimistic side, as PPO's min, in log space); per sequence ``l_i = -A_i exp(mean_t m_it)`` over the
+    valid tokens, i.e. ``-sgn(A_i) prod_t |min(r_it A_i, clip(r_it, e^-eps_low, e^eps_high) A_i)|^(1/|o_i|)``.
+    ``sgn(A)`` is the token's advantage sign and ``A_i`` the mean advantage over the valid tokens (as
+    verl). ``l_i`` sits on each token of ``mask``, aggregated by ``loss_agg_mode``.
+
+    Here ``clip_ratio_low`` / ``clip_ratio_high`` are *log-space* bounds: the ratio range is
+    ``[e^-eps_low, e^eps_high]`` (the paper uses 0.4 for both). Other arguments as :func:`gspo_policy_loss`.
+
+    Returns:
+        ``(loss, stats)``; clip fractions count the loss tokens where the log-space clip binds
+        (``log r > eps_high`` with ``A > 0``, ``log r < -eps_low`` with ``A < 0``); ``ratio_mean`` is
+        the mean of the clipped geometric-mean ratio.
+    """
+    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    sign = torch.sign(adv)
+    clamped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    geo_ratio = torch.exp(sequence_log_ratio(pessimistic, response))
+    seq_adv = masked_mean(adv, response, dim=-1)
+    per_token = (-seq_adv * geo_ratio).unsqueeze(-1).expand(mask.shape)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    r = log_ratio.detach()
+    low = (adv < 0) & (r < -clip_ratio_low)
+    high = (adv > 0) & (r > clip_ratio_high)
+    return loss, _stats(low, high, geo_ratio.unsqueeze(-1), log_ratio, mask)

@@ -1,14 +1,14 @@
 """The only place that touches private state of the frameworks lit_entropy builds on.
 
 Every use of a private attribute, hook or checkpoint key of Lightning, torchmetrics, TensorBoard,
-transformers or vLLM sits in one small adapter here, and ``tests/internals/`` pins each one against the
-installed versions: an upgrade that changes one of them breaks one named test with a clear message
-instead of a run. The rest of the package uses the public API, or these adapters
+transformers, vLLM or jsonargparse sits in one small adapter here, and ``tests/internals/`` pins each one
+against the installed versions: an upgrade that changes one of them breaks one named test with a clear
+message instead of a run. The rest of the package uses the public API, or these adapters
 (``tests/internals/test_private_access.py`` enforces it).
 
 - :mod:`~lit_entropy.internals.lightning`: the trainer a module is attached to, the logging step,
   loader states to restore, SLURM (HPC) checkpoint paths, the cluster environment, ModelCheckpoint's
-  last saved step.
+  last saved step, a ModelParallelStrategy's data-parallel size, callback state keys.
 - :mod:`~lit_entropy.internals.torchmetrics`: metrics that log per step after ``update`` and keep float64
   accumulators under module casts (torchmetrics' private hooks).
 - :mod:`~lit_entropy.internals.tensorboard`: the writer of a TensorBoard logger's event file.

@@ -13,6 +13,12 @@ from lit_entropy.functional.advantages import (
     grpo_estimator,
     whiten,
 )
+from lit_entropy.functional.advantages_reinforce import (
+    discounted_returns,
+    reinforce_plus_plus_baseline_estimator,
+    reinforce_plus_plus_estimator,
+    rloo_estimator,
+)
 from lit_entropy.functional.clipping import (
     cap_count,
     check_clip_b_args,
@@ -110,6 +116,7 @@ __all__ = [
     "clip_v_mask",
     "clip_v_scores",
     "clipped_token_masks",
+    "discounted_returns",
     "entropy_discriminator",
     "entropy_from_logits",
     "entropy_stats",
@@ -138,6 +145,9 @@ __all__ = [
     "predicted_entropy_change",
     "register_advantage_estimator",
     "register_policy_loss",
+    "reinforce_plus_plus_baseline_estimator",
+    "reinforce_plus_plus_estimator",
+    "rloo_estimator",
     "sample_categorical",
     "sequence_log_ratio",
     "tie_counts",

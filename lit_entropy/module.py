@@ -246,9 +246,11 @@ class RFTModule(LightningModule):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = None if self.ref_model is None else self.policy_forward(self.ref_model, part).stats.logprobs
             values = None if self.value_head is None else self.values(part, forward.hidden)
-            stats = forward.stats
-            detached = [None if t is None else t.detach() for t in stats]
-            parts.append(RolloutStatistics(*detached, ref, values, update_forward=forward if reuse else None))
+            parts.append(
+                RolloutStatistics.from_passes(
+                    forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None
+                )
+            )
         return RolloutStatistics.cat(parts)
 
     def apply_token_callbacks(self, experience: Experience) -> Experience:
@@ -390,7 +392,7 @@ class RFTModule(LightningModule):
 
     def token_mask_fields(self) -> frozenset[str]:
         """:class:`~lit_entropy.protocol.TokenMaskingModule`: every context field is filled on request."""
-        return frozenset({"mask", "advantages", "discriminator", "policy_average", "entropy", "old_logprobs"})
+        return protocol.TokenMaskContext.field_names()
 
     def token_requests(self) -> frozenset[str]:
         """Keep masks, token penalties and loss coefficients are all asked for once per rollout batch."""

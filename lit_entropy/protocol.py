@@ -15,18 +15,21 @@ per rollout batch with ``token_requests()`` (see :class:`TokenMaskingModule`); p
 they need in ``required_fields`` and check both at ``setup``, so a provider whose module never asks
 for it fails before training instead of silently doing nothing. Besides keep masks, a module may ask
 for per-token penalties (:class:`TokenPenaltyProvider`, KL-Cov) and per-batch loss coefficients
-(:class:`LossCoefficientProvider`, an adaptive entropy bonus). This module imports only torch, so a
-user's own LightningModule can implement the protocol without pulling in transformers or vLLM.
+(:class:`LossCoefficientProvider`, an adaptive entropy bonus). This module imports only torch (and
+:mod:`lit_entropy.tokens`, where the context's fields are declared), so a user's own LightningModule can implement
+the protocol without pulling in transformers or vLLM.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from lit_entropy.tokens import RowTensors
 
 __all__ = [
     "TOKEN_REQUESTS",
@@ -55,40 +58,39 @@ TOKEN_REQUESTS: tuple[str, ...] = ("keep_mask", "token_penalty", "loss_coefficie
 :func:`collect_token_penalty`, :func:`collect_loss_coefficients`."""
 
 
-@dataclass(frozen=True)
-class TokenMaskContext:
-    """Per-token statistics of one rollout batch (this rank's share), all shaped ``[B, T]``.
+@dataclass(frozen=True, kw_only=True)
+class TokenMaskContext(RowTensors, holds=lambda f: f.context, all_optional=True):
+    """Per-token statistics of one rollout batch (this rank's share), ``[B, T]`` (per-row ones ``[B]``); by keyword.
+
+    Its fields besides ``mask`` are the :data:`~lit_entropy.tokens.ROLLOUT_FIELDS` marked ``context``, each
+    None unless the module filled it (``policy_average`` only when a provider asks for it).
 
     Attributes:
         mask: bool, True on real response tokens.
-        advantages: float, the advantage of each token (per-sequence advantages broadcast over T).
-        discriminator: float, ``S = p (H + log p)`` of the sampled token under the rollout policy.
-        policy_average: float, ``E_p[S] = H sum p^2 + sum p^2 log p``; None unless requested.
-        entropy: float, entropy in nats of the rollout policy at each position.
-        old_logprobs: float, log-probability of the sampled token under the rollout policy.
     """
 
     mask: Tensor
-    advantages: Tensor
-    discriminator: Tensor | None = None
-    policy_average: Tensor | None = None
-    entropy: Tensor | None = None
-    old_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None and value.shape != self.mask.shape:
-                raise ValueError(
-                    f"TokenMaskContext.{f.name} has shape {tuple(value.shape)}, "
-                    f"expected the mask shape {tuple(self.mask.shape)}"
-                )
         if self.mask.dtype != torch.bool:
             raise ValueError(f"TokenMaskContext.mask must be a bool tensor, got {self.mask.dtype}")
+        self.check_row_shapes(self.mask)
+
+    @classmethod
+    def of(cls, source: RowTensors, mask: Tensor) -> TokenMaskContext:
+        """The context of ``source``'s rows: every context field it holds, and ``mask``."""
+        context = cls.from_row_tensors(source.row_tensors(), mask=mask)
+        context.check_row_shapes(mask)  # fields declared after the class was made are checked here
+        return context
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        """Every field a context can hold: what a module that fills them all returns from ``token_mask_fields()``."""
+        return frozenset({"mask", *(f.name for f in cls.row_fields())})
 
     def present_fields(self) -> frozenset[str]:
         """Names of the fields that are filled in (not None)."""
-        return frozenset(f.name for f in fields(self) if getattr(self, f.name) is not None)
+        return frozenset({"mask", *(k for k, v in self.row_tensors().items() if v is not None)})
 
 
 @runtime_checkable

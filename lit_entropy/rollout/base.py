@@ -60,7 +60,12 @@ class RolloutBatch:
     def select(self, index: Tensor | slice) -> RolloutBatch:
         """The rows ``index`` (a slice keeps views, an index tensor copies)."""
         logprobs = None if self.rollout_logprobs is None else self.rollout_logprobs[index]
-        return RolloutBatch(self.sequences[index], self.attention_mask[index], self.response_mask[index], logprobs)
+        return RolloutBatch(
+            sequences=self.sequences[index],
+            attention_mask=self.attention_mask[index],
+            response_mask=self.response_mask[index],
+            rollout_logprobs=logprobs,
+        )
 
     @property
     def prompt_length(self) -> int:

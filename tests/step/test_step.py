@@ -25,7 +25,10 @@ def _rows(advantages: list[float], lengths: list[int], width: int) -> tuple[Resp
     zeros = torch.zeros(n, width, dtype=torch.float64)
     stats = EntropyStats(logprobs, zeros, zeros, None)
     rollout = RolloutBatch(torch.zeros(n, width + 2, dtype=torch.long), torch.ones(n, width + 2), mask)
-    rows = Experience(rollout, torch.zeros(n), adv, logprobs.detach(), zeros, zeros, loss_mask=mask)
+    rows = Experience(
+        rollout=rollout, rewards=torch.zeros(n), advantages=adv, old_logprobs=logprobs.detach(), entropy=zeros,
+        discriminator=zeros, loss_mask=mask,
+    )  # fmt: skip
     return ResponseForward(stats), rows
 
 
@@ -174,8 +177,8 @@ def test_blockwise_loss_path_matches_the_full_logits_update_loss(tiny_model_dir,
     keep = response_mask & (torch.rand(n, width, generator=gen) > 0.2)
     zeros = torch.zeros(n, width)
     rows = Experience(
-        rollout, torch.zeros(n), adv, old, zeros, zeros, ref_logprobs=current - 0.3, loss_mask=keep,
-        penalty=torch.full((n, width), 0.05),
+        rollout=rollout, rewards=torch.zeros(n), advantages=adv, old_logprobs=old, entropy=zeros, discriminator=zeros,
+        ref_logprobs=current - 0.3, loss_mask=keep, penalty=torch.full((n, width), 0.05),
     )  # fmt: skip
     rows.coefficients = {"entropy_coef": 0.02}
     loss = LossConfig(loss_agg_mode=loss_agg_mode, kl_coef=0.1, clip_ratio_high=0.28, clip_ratio_c=3.0)

@@ -273,3 +273,21 @@ def test_no_library_function_over_60_lines(path):
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not bad, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("lit_entropy.reporting.statistics", ("torch", "lightning")),  # scripts' statistics, no framework
+        ("lit_entropy.data.forking", ("transformers", "datasets", "lightning")),  # task modules stay light
+        ("lit_entropy.functional", ("lightning", "transformers")),
+    ],
+)
+def test_light_modules_import_without_the_heavy_frameworks(module, absent):
+    # The package __init__ files load their heavy members lazily; an eager re-export would pull these in.
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(m for m in {absent!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", f"importing {module} loads {out.stdout.strip()}"

@@ -27,8 +27,10 @@ def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, 
     """Settings given explicitly (``explicit``, nested) whose value differs from the checkpoint's (``saved``).
 
     Returns ``(dotted key, old, new)`` sorted by key; nested dicts (grouped settings, ``class_path`` /
-    ``init_args``) are compared key by key, a key the checkpoint lacks shows as ``<unset>``. The leaf
-    names in :data:`RESUME_SAFE_KEYS` are skipped: they cannot alter the training trajectory.
+    ``init_args``) are compared key by key, a key the checkpoint lacks shows as ``<unset>``; ``None`` for a
+    key the checkpoint lacks is no change: it is the default of the settings a checkpoint does not record
+    when unset (``model.optim.optimizer``, ``model.rollout``), which a run's ``config.yaml`` writes as ``null``. The leaf names in :data:`RESUME_SAFE_KEYS` are skipped: they
+    cannot alter the training trajectory.
     """
     from collections.abc import Mapping
 
@@ -41,6 +43,8 @@ def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, 
             continue
         name = f"{prefix}.{key}"
         old, new = saved.get(key, _UNSET), explicit[key]
+        if old is _UNSET and new is None:
+            continue
         if isinstance(new, Mapping) and isinstance(old, Mapping):
             out += explicit_changes(old, new, name)
         elif _plain(old) != _plain(new):

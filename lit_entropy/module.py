@@ -119,6 +119,7 @@ class RFTModule(LightningModule):
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
         self.export_path: str | None = None
+        self._own_callbacks: list[Any] | None = None
 
     def configure_model(self) -> None:
         """Load the policy (and the frozen reference / critic when configured); idempotent."""
@@ -164,12 +165,23 @@ class RFTModule(LightningModule):
         return build_optimizer(params, self.settings.optim, total_steps)
 
     def configure_callbacks(self) -> list[Any]:
-        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; console lines when not a TTY."""
+        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; console lines when not a TTY;
+        evaluations logged at the number of trained batches.
+
+        The same instances on every call (the validation before training and ``fit`` share their state), and
+        only those whose type the trainer lacks: a callback of that type passed to the Trainer wins, without
+        Lightning's "will override existing callbacks" line.
+        """
         from lit_entropy.checkpointing.callback import ResumableCheckpointing
         from lit_entropy.reporting.console import ConsoleMetrics
         from lit_entropy.reporting.hparams import HParamsSummary
+        from lit_entropy.reporting.steps import StepAxis
 
-        return [ResumableCheckpointing(), HParamsSummary(), ConsoleMetrics()]
+        if self._own_callbacks is None:
+            self._own_callbacks = [ResumableCheckpointing(), HParamsSummary(), ConsoleMetrics(), StepAxis()]
+        trainer = attached_trainer(self)
+        present = trainer.callbacks if trainer is not None else []
+        return [own for own in self._own_callbacks if not any(isinstance(cb, type(own)) for cb in present)]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The reference model is frozen and reloaded from disk: keep it out of checkpoints.

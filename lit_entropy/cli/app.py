@@ -18,6 +18,7 @@ from lit_entropy.cli.output_paths import check_output_paths
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
+from lit_entropy.cli.run_dir import place_logger
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import check_legacy_model_keys
@@ -50,7 +51,15 @@ class RunDirectoryGuard(SaveConfigCallback):
     A logger version directory that already holds a ``config.yaml`` or an ``hf_model`` export belongs to
     an earlier run; writing into it would overwrite that run's config and export. ``--overwrite_run true``
     allows it on purpose. Without a logger nothing is written (there is no run directory).
+
+    Args:
+        resumed_run: ``fit --ckpt_path`` continues the run that owns the directory: nothing is refused.
+        **kwargs: ``SaveConfigCallback``'s.
     """
+
+    def __init__(self, *args: Any, resumed_run: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resumed_run = resumed_run
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.logger is None:
@@ -58,7 +67,7 @@ class RunDirectoryGuard(SaveConfigCallback):
             # of that name there.
             self.already_saved = True
             return
-        if not self.already_saved and self.save_to_log_dir and not self.overwrite:
+        if not self.already_saved and self.save_to_log_dir and not self.overwrite and not self.resumed_run:
             log_dir = trainer.log_dir
             taken = []
             if log_dir is not None and trainer.is_global_zero:
@@ -168,6 +177,10 @@ class RFTCLI(LightningCLI):
             changes += explicit_changes(saved[section], explicit[section], section)
         allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
         report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
+        step = saved["trained_batches"]
+        if place_logger(self.config[subcommand]["trainer"], subcommand, ckpt_path, step) is not None:
+            # The run continues in its own directory: its config.yaml stays, this command's config is kept beside it.
+            self.save_config_kwargs.update(resumed_run=True, config_filename=f"config_resumed_step_{step}.yaml")
 
     def before_fit(self) -> None:
         fit = self.config["fit"]
@@ -185,10 +198,22 @@ class RFTCLI(LightningCLI):
     def before_validate(self) -> None:
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=False)
+        quiet_checkpoint_restore()
 
     def before_test(self) -> None:
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=False)
+        quiet_checkpoint_restore()
+
+
+def quiet_checkpoint_restore() -> None:
+    """``validate`` / ``test`` never save checkpoints: Lightning's warning, on restoring a ModelCheckpoint's state
+    from ``--ckpt_path``, that "the dirpath has changed ... won't be reloaded" (its best-k bookkeeping) does
+    not apply to them (a run's own validation logs inside the run, see :mod:`lit_entropy.cli.run_dir`, but
+    ``--trainer.logger=false`` or a checkpoint outside its run still moves the directory)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from .* won't be reloaded")
 
 
 def check_model_paths(model: Any) -> None:

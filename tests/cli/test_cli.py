@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,7 @@ def test_fit_then_validate_end_to_end(tmp_path, monkeypatch):
     cli_main(["fit", "--config", str(CLIP_B_TINY), *short])
     log_dir = tmp_path / "runs" / "clip_b_tiny" / "version_0"
     scalars = _scalars(log_dir)
-    assert [step for step, _ in scalars["val/avg@8"]] == [0, 2], "validation before training, then after 3 steps"
+    assert [step for step, _ in scalars["val/avg@8"]] == [0, 3], "validation before training, then after 3 batches"
     for tag in ("train/reward/mean", "train/entropy/mean", "train/entropy_clip/frac", "perf/tokens_per_s"):
         assert len(scalars[tag]) == 3, tag
     assert (log_dir / "config.yaml").exists()
@@ -300,6 +301,8 @@ def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_pat
     _tiny_fit(tmp_path, "--model.optim.weight_decay=0.01")  # a setting grpo_tiny.yaml does not give
     last = tmp_path / "runs" / "grpo_tiny" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True, mmap=True)["global_step"] == 2  # the final step, not the last val
+    first = tmp_path / "first.ckpt"  # the resumed runs below continue version_0 and replace its last.ckpt
+    shutil.copy(last, first)
     more = ["--trainer.max_steps=3", f"--ckpt_path={last}"]
     message = (
         r"was trained with different settings: model.optim.lr: 0.0003 -> 0.001; model.sampling.max_new_tokens: 6 -> 4\."
@@ -322,7 +325,7 @@ def test_resume_with_changed_settings_is_refused_listing_each_difference(tmp_pat
         cli = _tiny_fit(tmp_path, *args, "--resume_with_changes=true")
     assert cli.model.settings.optim.lr == 1e-3 and cli.model.settings.sampling.max_new_tokens == 4
     (tmp_path / "config.yaml").write_text("mine: 1\n")  # a user's file in the working directory
-    validate = ["validate", "--config", str(GRPO_TINY), "--trainer.logger=false", f"--ckpt_path={last}"]
+    validate = ["validate", "--config", str(GRPO_TINY), "--trainer.logger=false", f"--ckpt_path={first}"]
     with pytest.warns(
         UserWarning, match=r"model.evaluation.num_samples: 8 -> 4\. The checkpoint's weights are evaluated"
     ):

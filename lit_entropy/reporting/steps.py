@@ -1,0 +1,137 @@
+"""One x-axis per run: the number of rollout batches trained.
+
+Training scalars of batch ``i`` (counted from the run's start) are logged at step ``i``: they describe
+rollouts of the policy after ``i`` updates. An evaluation of the policy after ``S`` batches is logged at
+``S``: the validation before training at 0, the one after the first batch at 1, a ``validate --ckpt_path``
+of a checkpoint written after ``S`` batches at ``S`` (Lightning alone would log an in-fit validation at
+``S - 1``, and ``validate`` at 0). A resumed run continues its curves without repeating a point:
+TensorBoard drops what the stopped run logged from the checkpoint's step on.
+
+The Lightning internals read here sit in the small functions :func:`trained_batches` and
+:func:`checkpoint_trained_batches`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from lit_entropy.internals.tensorboard import event_file_writer
+
+__all__ = ["StepAxis", "checkpoint_trained_batches", "trained_batches"]
+
+
+def trained_batches(trainer: Trainer) -> int:
+    """Rollout batches whose update is in the weights (all epochs, resumed runs included)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)
+
+
+def checkpoint_trained_batches(checkpoint: dict[str, Any]) -> int:
+    """:func:`trained_batches` of the run when ``checkpoint`` was written (0 for a checkpoint without loop state).
+
+    Lightning counts a batch as processed once its training step returned: a checkpoint written at the
+    end of a batch, after a validation or at the end of ``fit`` counts that batch, one written from
+    inside a training step (Ctrl-C) does not.
+    """
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    total = loop.get("epoch_loop.batch_progress", {}).get("total", {})
+    return int(total.get("processed", 0))
+
+
+_EVALUATION_KEY = "lit_entropy_evaluation"
+
+
+class StepAxis(Callback):
+    """Evaluations at the number of trained batches; a resumed run's curves continue without duplicates.
+
+    * ``setup``: every logger writes validation / test scalars at :meth:`evaluation_step`.
+    * ``on_save_checkpoint``: a checkpoint written after a validation of its own weights keeps that
+      validation's scalars; ``on_load_checkpoint`` reads them and the checkpoint's trained batches
+      (``validate --ckpt_path`` logs there).
+    * ``on_train_start`` of a resumed ``fit`` at step ``S`` > 0: each TensorBoard run directory gets a
+      restart mark at ``S``, so TensorBoard drops what the stopped run logged from ``S`` on, and the
+      checkpoint's own validation is written again at ``S``.
+    """
+
+    def __init__(self) -> None:
+        self.checkpoint_step: int | None = None
+        self.last_evaluation: dict[str, Any] | None = None
+        self.resumed_evaluation: dict[str, Any] | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        def step() -> int | None:
+            evaluating = (trainer.validating or trainer.testing) and not trainer.sanity_checking
+            return self.evaluation_step(trainer) if evaluating else None
+
+        for logger in trainer.loggers:
+            _log_evaluations_at(logger, step)
+
+    def evaluation_step(self, trainer: Trainer) -> int:
+        """The step of an evaluation now: trained batches in ``fit``, the checkpoint's in ``validate`` / ``test``."""
+        if trainer.state.fn != "fit" and trainer.ckpt_path is not None and self.checkpoint_step is not None:
+            return self.checkpoint_step
+        return trained_batches(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            scalars = {k: float(v) for k, v in trainer.logged_metrics.items() if k.startswith("val/")}
+            self.last_evaluation = {"step": self.evaluation_step(trainer), "scalars": scalars}
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.last_evaluation is not None and self.last_evaluation["step"] == trained_batches(trainer):
+            checkpoint[_EVALUATION_KEY] = self.last_evaluation
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.checkpoint_step = checkpoint_trained_batches(checkpoint)
+        self.resumed_evaluation = checkpoint.get(_EVALUATION_KEY)
+
+    @rank_zero_only
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        step = trained_batches(trainer)
+        if trainer.ckpt_path is None or step == 0:
+            return
+        evaluation = self.resumed_evaluation if (self.resumed_evaluation or {}).get("step") == step else None
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                purge_from(logger.experiment, step)
+                if evaluation and evaluation["scalars"]:
+                    logger.log_metrics(evaluation["scalars"], step)
+
+
+def purge_from(writer: Any, step: int) -> None:
+    """Write TensorBoard's restart mark: readers drop the run's earlier events at ``step`` and after.
+
+    ``writer``: a ``torch.utils.tensorboard.SummaryWriter`` (what ``SummaryWriter(purge_step=step)`` writes
+    when it opens).
+    """
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    event_file_writer(writer).add_event(Event(session_log=SessionLog(status=SessionLog.START)), step=step)
+    writer.flush()
+
+
+#: logger -> the function that gives the step of an evaluation now (None outside one); the latest one set wins
+#: (a logger reused by a later trainer).
+_EVALUATION_STEP: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _log_evaluations_at(logger: Any, evaluation_step: Any) -> None:
+    """Make ``logger.log_metrics`` write what it gets while validating or testing at ``evaluation_step()``."""
+    wrapped = logger in _EVALUATION_STEP
+    _EVALUATION_STEP[logger] = evaluation_step
+    if wrapped:
+        return
+    original = logger.log_metrics
+
+    def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+        override = _EVALUATION_STEP[logger]()
+        if override is None:
+            original(metrics, step)
+        else:  # Lightning's "epoch" would add a second point at a step the training scalars already mark
+            original({key: value for key, value in metrics.items() if key != "epoch"}, override)
+
+    logger.log_metrics = log_metrics

@@ -30,6 +30,9 @@ __all__ = ["RFTCLI", "cli_main", "main"]
 TRAINER_DEFAULTS: dict[str, Any] = {
     "log_every_n_steps": 1,
     "num_sanity_val_steps": 0,
+    # Lightning's table lists the module's helpers and a FLOPs column that is 0 without an example input;
+    # ConsoleMetrics prints the parameter counts in one line instead.
+    "enable_model_summary": False,
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         # No placeholder `hp_metric`: RFTModule's HParamsSummary declares val/avg@K and val/pass@k as the hp metrics.
@@ -39,6 +42,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 #: Epochs run when the command line and the configs set no budget (Lightning's own default is 1000).
 DEFAULT_MAX_EPOCHS = 3
 
+_DESCRIPTION = "lit_entropy: reinforcement fine-tuning of causal language models (GRPO, PPO) with PyTorch Lightning"
 _EPILOG = (
     "Also: 'lit-entropy export --ckpt_path CKPT --out DIR [--overwrite]' writes a checkpoint's policy as a "
     "Hugging Face save_pretrained directory; 'lit-entropy --version' prints the version."
@@ -80,13 +84,26 @@ class RunDirectoryGuard(SaveConfigCallback):
                     "free one, or set --trainer.logger.init_args.version=<new>) or pass --overwrite_run true to "
                     "overwrite it on purpose"
                 )
+        if self.resumed_run:  # the run's own checkpoints are there: expected, not a reused directory
+            import warnings
+
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         # The check above replaces Lightning's; it would refuse only config.yaml, with a message about its API.
         self.overwrite = True
         super().setup(trainer, pl_module, stage)
 
 
 class RFTCLI(LightningCLI):
-    """LightningCLI with the tokenizer linked from the model and lit_entropy's trainer defaults."""
+    """LightningCLI with the tokenizer linked from the model and lit_entropy's trainer defaults.
+
+    Only the subcommand named on the command line gets its settings parser (each one walks the signatures
+    of the Trainer, the module and the datamodule: most of the time ``fit --help`` or a mistyped flag takes).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        self._requested = list(given) if isinstance(given, (list, tuple)) else sys.argv[1:]
+        super().__init__(*args, **kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -96,6 +113,14 @@ class RFTCLI(LightningCLI):
             "validate": {"model", "dataloaders", "datamodule"},
             "test": {"model", "dataloaders", "datamodule"},
         }
+
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        from lit_entropy.cli.overview import COMMANDS
+        from lit_entropy.internals.lightning import add_subcommand_parsers
+
+        named = next((arg for arg in self._requested if arg in self.subcommands()), None)
+        chosen = [named] if named else list(self.subcommands())  # none named: all (the parser reports the error)
+        add_subcommand_parsers(self, parser, {name: COMMANDS[name] for name in chosen}, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The prompts must be tokenized by the policy's own tokenizer.
@@ -193,7 +218,8 @@ class RFTCLI(LightningCLI):
             preflight()
         # A resumed run validated its starting point already (and the weights are restored only inside fit).
         if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not _resuming(self, fit):
-            self.trainer.validate(self.model, datamodule=self.datamodule)
+            # Without a terminal ConsoleMetrics prints these values on the step-0 line; a terminal gets the table.
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=sys.stdout.isatty())
 
     def before_validate(self) -> None:
         check_model_paths(self.model)
@@ -359,7 +385,12 @@ def cli_main(args: ArgsType = None, run: bool = True) -> RFTCLI:
         save_config_callback=RunDirectoryGuard,
         save_config_kwargs={"overwrite": False},
         auto_configure_optimizers=False,
-        parser_kwargs={"prog": "lit-entropy", "epilog": _EPILOG, "version": f"lit-entropy {__version__}"},
+        parser_kwargs={
+            "prog": "lit-entropy",
+            "description": _DESCRIPTION,
+            "epilog": _EPILOG,
+            "version": f"lit-entropy {__version__}",
+        },
     )
 
 

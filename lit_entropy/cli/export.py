@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lit_entropy.cli.errors import SettingsError
+from lit_entropy.cli.quiet import quiet_log_lines
 from lit_entropy.module import RFTModule
 
 __all__ = ["export_main"]
@@ -32,7 +33,8 @@ def export_main(args: list[str] | None = None) -> str:
     if not ckpt.is_file():
         what = "a directory (a sharded checkpoint: export it from a run instead)" if ckpt.is_dir() else "missing"
         raise SettingsError(f"--ckpt_path={options.ckpt_path!r} is {what}; expected a consolidated .ckpt file")
-    module = RFTModule.load_from_checkpoint(options.ckpt_path, map_location="cpu")
+    with quiet_log_lines("lit_entropy: vocabulary pass"):  # about training compute: nothing to do with exporting
+        module = RFTModule.load_from_checkpoint(options.ckpt_path, map_location="cpu")
     tokenizer = module.tokenizer
     if tokenizer is None:  # not set up: the tokenizer of the model the run started from
         from transformers import AutoTokenizer

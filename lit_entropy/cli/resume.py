@@ -29,8 +29,9 @@ def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, 
     Returns ``(dotted key, old, new)`` sorted by key; nested dicts (grouped settings, ``class_path`` /
     ``init_args``) are compared key by key, a key the checkpoint lacks shows as ``<unset>``; ``None`` for a
     key the checkpoint lacks is no change: it is the default of the settings a checkpoint does not record
-    when unset (``model.optim.optimizer``, ``model.rollout``), which a run's ``config.yaml`` writes as ``null``. The leaf names in :data:`RESUME_SAFE_KEYS` are skipped: they
-    cannot alter the training trajectory.
+    when unset (``model.optim.optimizer``, ``model.rollout``), which a run's ``config.yaml`` writes as
+    ``null``. The leaf names in :data:`RESUME_SAFE_KEYS` are skipped: they cannot alter the training
+    trajectory.
     """
     from collections.abc import Mapping
 

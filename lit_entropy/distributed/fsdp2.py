@@ -122,6 +122,14 @@ def shard_models(module: Any, mesh: Any, param_dtype: str | None = None) -> None
             in forward/backward (gradients are reduced in float32; the sharded master weights keep their
             dtype). None = no mixed precision.
     """
+    import warnings
+
+    # torch warns on every rank, at every forward, that a sharded layer "returned a view tensor" whose in-place
+    # modification would skip the all-gather. Qwen2 (the models lit_entropy is tested with) and lit_entropy
+    # only use their outputs out of place; tests/distributed/test_fsdp2.py checks two ranks' training against
+    # one process. Nothing for a user to act on.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
+
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())

@@ -12,6 +12,7 @@ from lightning.pytorch import LightningModule
 
 __all__ = [
     "LOGGER_STEP_KEY",
+    "add_subcommand_parsers",
     "attached_trainer",
     "callback_state_key",
     "cluster_environment",
@@ -122,3 +123,18 @@ def set_data_parallel_size(strategy: Any, size: int) -> None:
     over every process needs ``num_nodes * num_processes``, known only once the strategy is set up.
     """
     strategy._data_parallel_size = size
+
+
+def add_subcommand_parsers(cli: Any, parser: Any, commands: dict[str, str], **kwargs: Any) -> None:
+    """``LightningCLI._add_subcommands`` for the subcommands in ``commands`` only, each with its own help line.
+
+    Called from an override of ``_add_subcommands``; ``kwargs`` are the per-subcommand parser arguments.
+    Building a subcommand's parser walks the signatures of the Trainer, the module and the datamodule,
+    so a command builds only its own.
+    """
+    cli._subcommand_parsers = {}
+    subcommands = parser.add_subcommands()
+    for name, text in commands.items():
+        options = {"description": f"lit-entropy {name}: {text}", **kwargs.get(name, {})}
+        cli._subcommand_parsers[name] = cli._prepare_subcommand_parser(cli.trainer_class, name, **options)
+        subcommands.add_subcommand(name, cli._subcommand_parsers[name], help=text)

@@ -233,7 +233,47 @@ def test_version_and_help_list_every_command(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert "lit-entropy export --ckpt_path" in out and "{fit,validate,test}" in out and "predict" not in out
+    assert "lit_entropy: reinforcement fine-tuning" in out and "Lightning Trainer command line tool" not in out
+    assert "{fit,validate,test,export}" in out and "predict" not in out
+    for command in ("fit", "validate", "test", "export"):
+        assert f"\n  {command} " in out, command
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fitt"])
+    assert exit_info.value.code == 2 and "unknown command 'fitt'" in capsys.readouterr().err
+
+
+def test_help_and_the_cli_package_load_neither_lightning_nor_transformers():
+    """``lit-entropy --help`` answers before any heavy import (``import lightning`` alone loads transformers)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from lit_entropy.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('lightning', 'transformers', 'torch', 'datasets') if m in sys.modules))\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert "LOADED []" in out and "commands:" in out
+
+
+def test_a_command_builds_only_its_own_settings_parser(capsys, tmp_path, monkeypatch):
+    from lit_entropy.cli import RFTCLI
+
+    class ParseOnly(RFTCLI):
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    monkeypatch.chdir(tmp_path)
+    cli = ParseOnly(
+        RFTModule, PromptDataModule, args=["validate", "--config", str(GRPO_TINY)], auto_configure_optimizers=False
+    )
+    assert set(cli._subcommand_parsers) == {"validate"}
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "lit-entropy fit: train a policy" in out and "--model.sampling.num_samples" in out
 
 
 def test_fit_without_a_config_has_a_sane_budget(tmp_path, monkeypatch):

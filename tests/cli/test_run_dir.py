@@ -48,8 +48,16 @@ def test_resume_from_the_runs_own_config_continues_its_directory_and_validate_lo
         assert len(logged) == len(set(logged)), f"{tag} has a step twice: {logged}"
 
     # from an older checkpoint of the same run: what the run logged after it is dropped, not duplicated
-    cli_main(["fit", "--config", str(run / "config.yaml"), *SHORT[:1], f"--ckpt_path={checkpoints / 'after_4.ckpt'}",
-              "--trainer.max_steps=5"])
+    cli_main(
+        [
+            "fit",
+            "--config",
+            str(run / "config.yaml"),
+            *SHORT[:1],
+            f"--ckpt_path={checkpoints / 'after_4.ckpt'}",
+            "--trainer.max_steps=5",
+        ]
+    )
     steps = _scalars(run)
     assert steps["train/reward/mean"] == [0, 1, 2, 3, 4] and steps["val/avg@8"] == [0, 2, 4]
 

@@ -170,3 +170,20 @@ def test_callback_state_key_format() -> None:
     key = internals.callback_state_key(Probe(), mu=1.0, method="clip_b")
     expected = "test_callback_state_key_format.<locals>.Probe{'mu': 1.0, 'method': 'clip_b'}"
     assert key == expected, f"state keys changed format: checkpoints' callback states would not load {UPGRADE}"
+
+
+def test_add_subcommand_parsers_builds_only_the_named_subcommands(capsys):
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class OnlyFit(LightningCLI):
+        def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+            internals.add_subcommand_parsers(self, parser, {"fit": "train the boring model"}, **kwargs)
+
+    with pytest.raises(SystemExit) as exit_info:
+        OnlyFit(BoringModel, args=["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "train the boring model" in out and "validate" not in out, UPGRADE
+    with pytest.raises(SystemExit):
+        OnlyFit(BoringModel, args=["fit", "--help"])
+    assert "--trainer.max_steps" in capsys.readouterr().out, UPGRADE

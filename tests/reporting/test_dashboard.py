@@ -126,10 +126,17 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
         assert {"callbacks/EntropyDiscriminatorClipping/mu", "callbacks/EntropyDiscriminatorClipping/method"} <= names
     assert "hp_metric" not in run["scalars"]  # no placeholder metric (default_hp_metric: false)
 
-    # stdout is captured (not a terminal): one line per logged step.
+    # stdout is captured (not a terminal): one line per logged step, TensorBoard's steps; a validation value only
+    # on the step it was logged at (before training: 0; after 2 and 4 batches: 2 and 4, the last on its own line).
+    val_steps = [step for step, _ in run["scalars"]["val/avg@8"]]
+    assert val_steps == [0, 2, 4]
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert [line.split(" | ")[0] for line in lines] == ["step 0", "step 1", "step 2", "step 3"]
-    assert "reward" in lines[0] and "entropy" in lines[0] and "val/avg@8" in lines[-1] and "s/step" in lines[-1]
+    assert [line.split(" | ")[0] for line in lines] == ["step 0", "step 1", "step 2", "step 3", "step 4"]
+    assert [i for i, line in enumerate(lines) if "val/avg@8" in line] == val_steps
+    values = dict(run["scalars"]["val/avg@8"])
+    for step in val_steps:
+        assert f"val/avg@8 {values[step]:.3f}" in lines[step]
+    assert all("reward" in line and "s/step" in line for line in lines[:4]) and "reward" not in lines[4]
 
 
 def test_readme_table_covers_every_condition_once_and_names_are_unique():
@@ -305,7 +312,7 @@ def test_console_line_and_hparams_helpers():
         lightning_module=None,
     )
     console = ConsoleMetrics(stream=io.StringIO())
-    assert console.line(trainer, 3) == "step 2 | reward 0.500 | entropy 0.250"
+    assert console.line(trainer, 2) == "step 2 | reward 0.500 | entropy 0.250"
     assert flatten_hparams({"a": {"b": 1, "c": None, "d": [1, 2]}}) == {"a/b": 1, "a/c": "None", "a/d": "[1, 2]"}
     from lit_entropy.callbacks import EntropyDiscriminatorClipping
 

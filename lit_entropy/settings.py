@@ -11,7 +11,7 @@ subclass :class:`EvaluationConfig` (validation and test).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from typing import Any, Literal
 
 from lightning.pytorch.cli import OptimizerCallable
@@ -20,6 +20,7 @@ from lit_entropy.functional.advantages import check_advantage_scale, check_gae_a
 from lit_entropy.functional.checks import check_choice, check_number
 from lit_entropy.functional.kl import check_kl_type
 from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
+from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, estimator_needs_values
 from lit_entropy.rollout.base import SamplingConfig
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_ESTIMATORS: dict[str, str] = {"grpo": "grpo", "ppo": "gae"}
+"""``model.advantages.estimator`` when it is null, by ``model.algorithm``."""
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -119,6 +122,10 @@ class RewardConfig:
 class AdvantageConfig:
     """How rewards become per-token advantages."""
 
+    estimator: str | None = None
+    """Advantage estimator by registered name (``lit_entropy.functional.ADVANTAGE_ESTIMATORS``); one that reads a
+    critic's values (``gae``) needs ``model.algorithm: ppo``; null = the algorithm's own (grpo -> ``grpo``,
+    ppo -> ``gae``)."""
     scale: Literal["group", "batch", "none"] = "group"
     """GRPO: divide centred rewards by the group std (``group``), the batch std, or not (``none`` = Dr.GRPO)."""
     rollout_is_threshold: float | None = None
@@ -126,6 +133,8 @@ class AdvantageConfig:
     ``min(exp(logp_old - logp_rollout), threshold)``; null = off. Needs an engine that reports log-probs (vLLM)."""
 
     def __post_init__(self) -> None:
+        if self.estimator is not None:
+            ADVANTAGE_ESTIMATORS.check("model.advantages.estimator", self.estimator)
         check_advantage_scale(self.scale, name="model.advantages.scale")
         check_number(
             "model.advantages.rollout_is_threshold", self.rollout_is_threshold, low=0, low_open=True, optional=True
@@ -136,6 +145,9 @@ class AdvantageConfig:
 class LossConfig:
     """The policy loss and its extra terms (names follow verl)."""
 
+    policy_loss: str = "ppo"
+    """Policy loss by registered name (``lit_entropy.functional.POLICY_LOSSES``); ``ppo`` = the clipped surrogate
+    with clip-higher and dual clip (the ``clip_ratio_*`` settings)."""
     clip_ratio_low: float = 0.2
     """PPO ratio clip below 1, in [0, 1)."""
     clip_ratio_high: float = 0.2
@@ -156,6 +168,7 @@ class LossConfig:
     """Weight of the entropy bonus (subtracted from the loss)."""
 
     def __post_init__(self) -> None:
+        POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss)
         check_policy_loss_args(
             clip_ratio_low=self.clip_ratio_low,
             clip_ratio_high=self.clip_ratio_high,
@@ -424,6 +437,29 @@ class RFTSettings:
         if self.algorithm == "grpo" and self.ppo is not None:
             raise ValueError(
                 "model.ppo is set but model.algorithm is 'grpo': set model.algorithm: ppo or drop model.ppo"
+            )
+        self._resolve_estimator()
+
+    def _resolve_estimator(self) -> None:
+        """Fill in the algorithm's estimator when none is set; refuse an estimator the algorithm cannot feed."""
+        name = self.advantages.estimator
+        if name is None:
+            name = DEFAULT_ESTIMATORS[self.algorithm]
+            # Frozen: the resolved name is stored once, so checkpoints and HPARAMS show what ran.
+            object.__setattr__(self, "advantages", replace(self.advantages, estimator=name))
+        needs_values = estimator_needs_values(name)
+        fitting = tuple(n for n in ADVANTAGE_ESTIMATORS.names() if estimator_needs_values(n) != needs_values)
+        if needs_values and (self.algorithm != "ppo" or self.ppo is None):
+            raise ValueError(
+                f"model.advantages.estimator={name!r} needs a critic's values, but model.algorithm is "
+                f"{self.algorithm!r}: set model.algorithm: ppo (the critic is configured in model.ppo) or pick an "
+                f"estimator without a critic, one of {fitting}"
+            )
+        if not needs_values and self.algorithm == "ppo":
+            raise ValueError(
+                f"model.algorithm='ppo' trains a critic on the estimator's returns, but "
+                f"model.advantages.estimator={name!r} uses no critic: pick one that does, one of {fitting}, "
+                "or set model.algorithm: grpo"
             )
 
 

@@ -20,6 +20,7 @@ from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
 from lit_entropy.cli.run_dir import place_logger
 from lit_entropy.data.datamodule import PromptDataModule
+from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import check_legacy_model_keys
 
@@ -132,6 +133,7 @@ class RFTCLI(LightningCLI):
             help="fit: validate the starting model first, so val/* curves start at step 0 (verl's val_before_train)",
         )
         add_safety_arguments(parser)
+        document_registered_names(parser)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -270,6 +272,21 @@ def _resuming(cli: RFTCLI, fit: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- safety settings (issue 11)
+
+
+#: Settings whose values are names in a registry; --help lists the names registered when the parser is built.
+REGISTRY_SETTINGS: dict[str, Registry[Any]] = {
+    "model.loss.policy_loss": POLICY_LOSSES,
+    "model.advantages.estimator": ADVANTAGE_ESTIMATORS,
+}
+
+
+def document_registered_names(parser: Any) -> None:
+    """Append the registered names to the ``--help`` text of each setting in :data:`REGISTRY_SETTINGS`."""
+    for action in parser._actions:  # jsonargparse keeps argparse's action list; help is read when printed
+        registry = REGISTRY_SETTINGS.get(action.dest)
+        if registry is not None:
+            action.help = f"{action.help or ''} Registered: {', '.join(registry.names())}."
 
 
 def add_safety_arguments(parser: Any) -> None:

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-import torch
 from torch import Tensor
 
-from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
 from lit_entropy.functional.entropy import EntropyStats
+from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, estimator_needs_values, outcome_token_rewards
 from lit_entropy.protocol import TokenMaskContext
 from lit_entropy.rollout.base import RolloutBatch
-from lit_entropy.settings import AdvantageConfig, PPOConfig, RFTSettings
+from lit_entropy.settings import RFTSettings
 from lit_entropy.step.forward import ResponseForward
 from lit_entropy.tokens import RowTensors
 
 __all__ = [
     "Experience",
     "RolloutStatistics",
+    "advantage_options",
     "build_experience",
-    "gae_token_advantages",
-    "group_token_advantages",
+    "token_advantages",
     "truncated_is_weights",
 ]
 
@@ -88,19 +88,38 @@ class Experience(RowTensors, holds=lambda f: True):
         return super().rows(index).with_row_tensors({}, rollout=self.rollout.select(index), update_forward=None)
 
 
-def group_token_advantages(rewards: Tensor, group_size: int, response_len: int, config: AdvantageConfig) -> Tensor:
-    """GRPO: group-relative advantages ``[N]`` broadcast over the ``T`` response tokens, ``[N, T]`` float32."""
-    advantages = grpo_advantages(rewards, group_size, scale=config.scale)
-    return advantages.unsqueeze(-1).expand(-1, response_len).float().contiguous()
+def advantage_options(settings: RFTSettings) -> dict[str, Any]:
+    """The keyword options every advantage estimator receives (each reads the ones it needs).
+
+    ``scale`` always; under PPO also ``gamma``, ``lam`` and ``whiten_advantages`` (``model.ppo``).
+    """
+    options: dict[str, Any] = {"scale": settings.advantages.scale}
+    if settings.ppo is not None:
+        ppo = settings.ppo
+        options.update(gamma=ppo.gamma, lam=ppo.lam, whiten_advantages=ppo.whiten_advantages)
+    return options
 
 
-def gae_token_advantages(rewards: Tensor, values: Tensor, mask: Tensor, config: PPOConfig) -> tuple[Tensor, Tensor]:
-    """PPO: GAE advantages and returns ``[N, T]``; the sequence reward arrives with the last response token."""
-    last = (mask.long().cumsum(-1) == mask.sum(-1, keepdim=True)) & mask
-    token_rewards = torch.where(last, rewards.unsqueeze(-1), torch.zeros_like(values))
-    advantages, returns = gae_advantages(token_rewards, values, mask, gamma=config.gamma, lam=config.lam)
-    if config.whiten_advantages:
-        advantages = whiten(advantages, mask)
+def token_advantages(
+    rewards: Tensor, mask: Tensor, settings: RFTSettings, values: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Advantages ``[N, T]`` float32 (and the critic's returns, or None) by ``model.advantages.estimator``.
+
+    Args:
+        rewards: ``[N]`` one reward per completion, rows grouped by prompt; placed at each row's last valid token.
+        mask: ``[N, T]`` bool response mask.
+        settings: the run's settings (the estimator is resolved by :class:`~lit_entropy.settings.RFTSettings`).
+        values: critic values ``[N, T]``; passed only to estimators registered with ``needs_values=True``.
+    """
+    name = settings.advantages.estimator
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    advantages, returns = estimator(
+        outcome_token_rewards(rewards, mask),
+        mask,
+        group_size=settings.sampling.num_samples,
+        values=values if estimator_needs_values(name) else None,
+        **advantage_options(settings),
+    )
     return advantages.float(), returns
 
 
@@ -115,16 +134,12 @@ def truncated_is_weights(gap: Tensor, threshold: float) -> Tensor:
 def build_experience(
     rollout: RolloutBatch, rewards: Tensor, statistics: RolloutStatistics, settings: RFTSettings
 ) -> Experience:
-    """Advantages (GRPO groups or PPO GAE, optionally truncated-IS weighted) on top of the statistics pass.
+    """Advantages (the registered estimator, optionally truncated-IS weighted) on top of the statistics pass.
 
     The loss mask starts as the response mask; callbacks narrow it afterwards.
     """
     mask = rollout.response_mask
-    returns = None
-    if settings.ppo is None:
-        advantages = group_token_advantages(rewards, settings.sampling.num_samples, mask.shape[1], settings.advantages)
-    else:
-        advantages, returns = gae_token_advantages(rewards, statistics.old_values, mask, settings.ppo)
+    advantages, returns = token_advantages(rewards, mask, settings, statistics.old_values)
     gap = None
     if rollout.rollout_logprobs is not None:
         # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision).

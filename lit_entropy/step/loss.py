@@ -14,15 +14,15 @@ from lit_entropy.functional.policy_loss import (
     LOG_RATIO_CLAMP,
     aggregate_loss,
     loss_normalizer_count,
-    policy_loss,
     value_loss,
 )
+from lit_entropy.functional.registry import POLICY_LOSSES
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.experience import Experience
 from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, response_forward, uses_blockwise_head
 
-__all__ = ["UpdateLoss", "global_loss_normalizer", "rows_update_loss", "update_loss"]
+__all__ = ["UpdateLoss", "global_loss_normalizer", "policy_loss_extras", "rows_update_loss", "update_loss"]
 
 
 @dataclass
@@ -53,6 +53,12 @@ def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:
     return max(float(all_reduce_sum(count)) / world, 1e-12)
 
 
+def policy_loss_extras(rows: Experience) -> dict[str, Tensor]:
+    """The keyword extras every registered policy loss receives: ``response_mask`` (``[n, T]`` bool, every valid
+    response token, whatever the callbacks removed from the loss mask)."""
+    return {"response_mask": rows.response_mask}
+
+
 def update_loss(
     forward: ResponseForward,
     rows: Experience,
@@ -67,8 +73,9 @@ def update_loss(
         forward: the policy's forward over exactly these rows.
         rows: the rows' experience (advantages, old/ref log-probs, loss mask, penalty, PPO targets, and the
             batch's loss ``coefficients``: ``entropy_coef``).
-        settings: the run's settings (``loss``; ``ppo`` with ``values``; ``sampling.max_new_tokens`` is the
-            Dr.GRPO constant of ``seq-mean-token-sum-norm`` unless ``loss.loss_scale_factor`` is set).
+        settings: the run's settings (``loss``, whose ``policy_loss`` names the registered loss; ``ppo`` with
+            ``values``; ``sampling.max_new_tokens`` is the Dr.GRPO constant of ``seq-mean-token-sum-norm`` unless
+            ``loss.loss_scale_factor`` is set).
         normalizer: global denominator share of the optimizer step (see :func:`global_loss_normalizer`).
         values: current critic values ``[n, T]`` (PPO), else None.
     """
@@ -76,7 +83,7 @@ def update_loss(
     stats, mask = forward.stats, rows.loss_mask
     scale = config.loss_scale_factor or settings.sampling.max_new_tokens
     agg = {"loss_agg_mode": config.loss_agg_mode, "normalizer": normalizer, "loss_scale_factor": scale}
-    loss, pg = policy_loss(
+    loss, pg = POLICY_LOSSES[config.policy_loss](
         stats.logprobs,
         rows.old_logprobs,
         rows.advantages,
@@ -85,6 +92,7 @@ def update_loss(
         clip_ratio_high=config.clip_ratio_high,
         clip_ratio_c=config.clip_ratio_c,
         **agg,
+        **policy_loss_extras(rows),
     )
     terms = {"pg_loss": loss.detach(), "approx_kl": pg.approx_kl}
     if config.kl_coef > 0:

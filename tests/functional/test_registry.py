@@ -197,7 +197,7 @@ def test_grpo_estimator_matches_a_loop_and_is_zero_at_padding(scale, group_size)
 def _loop_gae(rewards, values, mask, gamma, lam):
     """Textbook GAE over each row's valid tokens (right-padded rows), in Python floats."""
     out_adv, out_ret = [], []
-    for r_row, v_row, m_row in zip(rewards.tolist(), values.tolist(), mask.tolist()):
+    for r_row, v_row, m_row in zip(rewards.tolist(), values.tolist(), mask.tolist(), strict=True):
         idx = [j for j, m in enumerate(m_row) if m]
         adv = [0.0] * len(m_row)
         running = 0.0
@@ -212,11 +212,11 @@ def _loop_gae(rewards, values, mask, gamma, lam):
 
 
 def _loop_whiten(adv, mask):
-    valid = [a for row, m_row in zip(adv, mask.tolist()) for a, m in zip(row, m_row) if m]
+    valid = [a for row, m_row in zip(adv, mask.tolist(), strict=True) for a, m in zip(row, m_row, strict=True) if m]
     mean, var = statistics.fmean(valid), statistics.variance(valid)
     return [
-        [(a - mean) / math.sqrt(var + 1e-8) if m else 0.0 for a, m in zip(row, m_row)]
-        for row, m_row in zip(adv, mask.tolist())
+        [(a - mean) / math.sqrt(var + 1e-8) if m else 0.0 for a, m in zip(row, m_row, strict=True)]
+        for row, m_row in zip(adv, mask.tolist(), strict=True)
     ]
 
 
@@ -285,7 +285,7 @@ def test_ppo_loss_matches_the_clipped_surrogate_and_ignores_extras():
             value = max(-a * r, -a * min(max(r, 0.8), 1.28))
             per_token.append(min(value, -a * 3.0) if a < 0 else value)
             clipped += (r < 0.8 and a < 0) or (r > 1.28 and a > 0)
-    assert float(loss) == pytest.approx(statistics.fmean(per_token), rel=1e-12)
+    assert float(loss.detach()) == pytest.approx(statistics.fmean(per_token), rel=1e-12)
     assert float(stats.clip_frac) == pytest.approx(clipped / len(per_token), rel=1e-12)
     loss.backward()
     assert logprobs.grad[~mask].abs().max() == 0

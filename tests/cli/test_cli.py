@@ -73,7 +73,7 @@ def test_print_config(capsys, tmp_path, monkeypatch):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "model:" in out and "  sampling:\n    num_samples: 8" in out and "val_before_train:" in out
-    assert "  loss:\n    clip_ratio_low: 0.2" in out and "group_size" not in out
+    assert "  loss:\n    policy_loss: ppo\n    clip_ratio_low: 0.2" in out and "group_size" not in out
 
 
 def test_help_documents_every_setting_from_its_docstring(capsys):

@@ -3,7 +3,10 @@ and functions registered in the test reach the update loss / the experience with
 
 from __future__ import annotations
 
+import math
 import statistics
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +166,54 @@ def test_an_estimator_that_needs_values_gets_the_critic_values(registered):
     expected = torch.tensor([[-1.0 if t < length else 0.0 for t in range(WIDTH)] for length in LENGTHS])
     assert torch.equal(exp.advantages, expected)
     assert torch.equal(exp.returns, (expected + 2.0) * (expected != 0))
+
+
+def _readme_policy_loss_example() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    item = text.index("- **A policy loss:**", text.index("### Extending it"))
+    start = text.index("```python\n", item) + len("```python\n")
+    return textwrap.dedent(text[start : text.index("```\n", start)])
+
+
+def test_the_readme_policy_loss_example_registers_and_trains_by_its_setting():
+    namespace: dict[str, object] = {"__name__": "readme_policy_loss"}
+    exec(compile(_readme_policy_loss_example(), "README.md", "exec"), namespace)
+    try:
+        settings = RFTSettings.build(
+            sampling=SamplingConfig(num_samples=2), loss=LossConfig(policy_loss="unclipped_pg")
+        )
+        rollout = _rollout()
+        g = torch.Generator().manual_seed(0)
+        old = -torch.rand(4, WIDTH, generator=g, dtype=torch.float64)
+        logprobs = (old + 0.5 * torch.randn(4, WIDTH, generator=g, dtype=torch.float64)).requires_grad_()
+        advantages = torch.randn(4, 1, generator=g, dtype=torch.float64).expand(4, WIDTH)
+        zeros = torch.zeros(4, WIDTH, dtype=torch.float64)
+        rows = Experience(
+            rollout=rollout,
+            rewards=torch.zeros(4),
+            advantages=advantages,
+            old_logprobs=old,
+            entropy=zeros,
+            discriminator=zeros,
+            loss_mask=rollout.response_mask,
+        )
+        stats = EntropyStats(logprobs=logprobs, entropy=zeros, discriminator=zeros, policy_average=None)
+        out = update_loss(ResponseForward(stats), rows, settings, normalizer=float(sum(LENGTHS)))
+        default = RFTSettings.build(sampling=SamplingConfig(num_samples=2))
+        clipped = update_loss(ResponseForward(stats), rows, default, normalizer=float(sum(LENGTHS)))
+        assert abs(clipped.loss.item() - out.loss.item()) > 1e-3  # the setting chose a different loss
+        # Token-mean of -A * exp(logp - old) over the valid tokens, with no clip.
+        terms = [
+            -advantages[row, t].item() * math.exp(logprobs[row, t].item() - old[row, t].item())
+            for row, length in enumerate(LENGTHS)
+            for t in range(length)
+        ]
+        assert out.loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-12)
+        out.loss.backward()
+        expected_grad = [
+            [terms[sum(LENGTHS[:row]) + t] / len(terms) if t < length else 0.0 for t in range(WIDTH)]
+            for row, length in enumerate(LENGTHS)
+        ]
+        torch.testing.assert_close(logprobs.grad, torch.tensor(expected_grad, dtype=torch.float64))
+    finally:
+        POLICY_LOSSES.unregister("unclipped_pg")

@@ -21,6 +21,7 @@ from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint
 from lit_entropy.cli.run_dir import place_logger
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
+from lit_entropy.internals.cli import append_help
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import check_legacy_model_keys
 
@@ -283,10 +284,8 @@ REGISTRY_SETTINGS: dict[str, Registry[Any]] = {
 
 def document_registered_names(parser: Any) -> None:
     """Append the registered names to the ``--help`` text of each setting in :data:`REGISTRY_SETTINGS`."""
-    for action in parser._actions:  # jsonargparse keeps argparse's action list; help is read when printed
-        registry = REGISTRY_SETTINGS.get(action.dest)
-        if registry is not None:
-            action.help = f"{action.help or ''} Registered: {', '.join(registry.names())}."
+    for dest, registry in REGISTRY_SETTINGS.items():
+        append_help(parser, dest, f"Registered: {', '.join(registry.names())}.")
 
 
 def add_safety_arguments(parser: Any) -> None:

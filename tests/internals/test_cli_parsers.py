@@ -10,7 +10,7 @@ import pytest
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from lit_entropy.internals.cli import parser_settings, subcommand_parser
+from lit_entropy.internals.cli import append_help, parser_settings, subcommand_parser
 
 VERSIONS = f"jsonargparse {jsonargparse.__version__}, lightning {lightning.__version__}"
 UPGRADE = f"({VERSIONS}): update lit_entropy/internals/cli.py"
@@ -30,6 +30,15 @@ def test_parser_settings_lists_each_argument_with_its_type():
     assert settings["count"].options == ("--count",) and settings["count"].typehint == int | None, UPGRADE
     # a dataclass group is flattened into one typed argument per field
     assert settings["group.rate"].typehint is float and settings["group.rate"].options == ("--group.rate",), UPGRADE
+
+
+def test_append_help_extends_the_printed_help_of_one_argument():
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--group", type=Group, default=Group())
+    assert append_help(parser, "group.name", "Registered: a, b.")
+    assert not append_help(parser, "group.missing", "never shown")
+    printed = " ".join(parser.format_help().split())
+    assert "--group.name NAME Registered: a, b." in printed and "never shown" not in printed, UPGRADE
 
 
 class _Stop(Exception):

@@ -37,7 +37,7 @@ def _rollout() -> RolloutBatch:
 
 def _statistics(values: torch.Tensor | None = None) -> RolloutStatistics:
     zeros = torch.zeros(len(LENGTHS), WIDTH)
-    return RolloutStatistics(old_logprobs=zeros, entropy=zeros, discriminator=zeros, values=values)
+    return RolloutStatistics(old_logprobs=zeros, entropy=zeros, discriminator=zeros, old_values=values)
 
 
 @pytest.fixture

@@ -81,7 +81,8 @@ class RunDirectoryGuard(SaveConfigCallback):
             taken = trainer.strategy.broadcast(taken)
             if taken:
                 raise SettingsError(
-                    f"the log directory {log_dir} already holds a previous run ({', '.join(taken)}); refusing to "
+                    f"trainer.logger.init_args.version: the log directory {log_dir} already holds a previous run "
+                    f"({', '.join(taken)}); refusing to "
                     "overwrite it. Pick a new version (leave trainer.logger.init_args.version unset for the next "
                     "free one, or set --trainer.logger.init_args.version=<new>) or pass --overwrite_run true to "
                     "overwrite it on purpose"

@@ -70,12 +70,12 @@ def explain_build_error(err: BaseException, parser: Any = None) -> str:
     first = next((line.strip()[2:] for line in errors.splitlines() if line.strip().startswith("- ")), text)
     subtypes = _SUBTYPES.search(text)
     key = _key_for_subtypes(parser, subtypes[1].strip()) if subtypes else None
-    if key is None or first.startswith(key):  # a settings group's own check names its key already
+    if key is not None and first.startswith(key):  # a settings group's own check names its key already
         return _one_line(first)
     given = text.split("Given value:", 1)[1] if "Given value:" in text else ""
     classes = [name.rsplit(".", 1)[-1] for name in re.findall(r"class_path='([^']+)'", given)]
     where = f" ({', '.join(dict.fromkeys(classes))})" if classes else ""
-    return _one_line(f"{key}{where}: {first}")
+    return _one_line(f"{key}{where}: {first}" if key is not None else f"{first}{where}")
 
 
 def setting_keys(parser: Any) -> list[str]:

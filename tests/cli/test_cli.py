@@ -321,7 +321,8 @@ def test_reusing_a_log_version_is_refused_without_touching_the_previous_run(tmp_
     run = tmp_path / "runs" / "grpo_tiny" / "v0"
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "events" not in p.name}
     assert run / "config.yaml" in before and (run / "hf_model").is_dir()
-    message = r"runs/grpo_tiny/v0 already holds a previous run \(config.yaml, hf_model\).*--overwrite_run true"
+    message = r"^trainer.logger.init_args.version: the log directory .*runs/grpo_tiny/v0 already holds a previous run"
+    message += r" \(config.yaml, hf_model\).*--overwrite_run true"
     with pytest.raises(SettingsError, match=message):
         _tiny_fit(tmp_path, "--model.optim.lr=0.1", version="v0")
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "events" not in p.name}

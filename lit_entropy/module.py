@@ -239,7 +239,14 @@ class RFTModule(LightningModule):
 
     def make_experience(self, rollout: RolloutBatch, rewards: Tensor) -> Experience:
         """The statistics pass plus advantages (:func:`~lit_entropy.step.build_experience`)."""
-        return build_experience(rollout, rewards, self.statistics_pass(rollout), self.settings)
+        return build_experience(
+            rollout, rewards, self.statistics_pass(rollout), self.settings, eos_token_ids=self.eos_token_ids()
+        )
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The tokenizer's EOS ids (a completion ending in one of them stopped; none = only the length decides)."""
+        eos = self.tokenizer.eos_token_id
+        return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
 
     @torch.no_grad()
     def statistics_pass(self, rollout: RolloutBatch) -> RolloutStatistics:
@@ -366,8 +373,7 @@ class RFTModule(LightningModule):
                 mask_providers=len(protocol.token_mask_providers(trainer)),
                 coefficient_providers=len(protocol.loss_coefficient_providers(trainer)),
             )  # fmt: skip
-        eos = self.tokenizer.eos_token_id
-        eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+        eos_ids = self.eos_token_ids()
         sampling = self.settings.sampling
         return DashboardRun(
             plan=self.tag_plan, group_size=sampling.num_samples, max_new_tokens=sampling.max_new_tokens,

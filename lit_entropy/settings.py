@@ -17,8 +17,9 @@ from typing import Any, Literal
 from lightning.pytorch.cli import OptimizerCallable
 
 from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
-from lit_entropy.functional.checks import check_choice, check_number
+from lit_entropy.functional.checks import check_choice, check_flag, check_number
 from lit_entropy.functional.kl import check_kl_type
+from lit_entropy.functional.overlong import check_overlong_args
 from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, estimator_needs_values
 from lit_entropy.rollout.base import SamplingConfig
@@ -113,9 +114,16 @@ class RewardConfig:
     """``exact_match``, ``math_verify`` or an import path ``pkg.module:function``."""
     correct_threshold: float = 1.0
     """A sample counts as correct for Avg@K / Pass@K when its reward is >= this (1.0 suits 0/1 rewards)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: tokens before ``model.sampling.max_new_tokens`` over which a linear penalty
+    grows to ``-overlong_penalty_factor``; added to the reward for advantages only, never to correctness; 0 = off."""
+    overlong_penalty_factor: float = 1.0
+    """The overlong penalty's magnitude at ``max_new_tokens`` (>= 0)."""
 
     def __post_init__(self) -> None:
         check_number("model.reward.correct_threshold", self.correct_threshold)
+        check_number("model.reward.overlong_buffer", self.overlong_buffer, low=0, integer=True)
+        check_number("model.reward.overlong_penalty_factor", self.overlong_penalty_factor, low=0)
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,9 @@ class LossConfig:
     """KL estimator: ``k1`` (``kl``), ``k2`` (``mse``), ``k3`` (``low_var_kl``), ``abs``, each optionally with ``+``."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
+    mask_truncated: bool = False
+    """Truncated responses (no EOS within ``model.sampling.max_new_tokens``) leave the loss: their tokens drop out of
+    the loss mask (their rewards still count in their group's advantages)."""
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss)
@@ -180,6 +191,7 @@ class LossConfig:
         check_kl_type(self.kl_type, name="model.loss.kl_type")
         check_number("model.loss.kl_coef", self.kl_coef, low=0)
         check_number("model.loss.entropy_coef", self.entropy_coef, low=0)
+        check_flag("model.loss.mask_truncated", self.mask_truncated)
 
 
 @dataclass(frozen=True)
@@ -438,6 +450,12 @@ class RFTSettings:
             raise ValueError(
                 "model.ppo is set but model.algorithm is 'grpo': set model.algorithm: ppo or drop model.ppo"
             )
+        check_overlong_args(
+            max_new_tokens=self.sampling.max_new_tokens,
+            buffer=self.reward.overlong_buffer,
+            factor=self.reward.overlong_penalty_factor,
+            prefix="model.reward.",
+        )
         self._resolve_estimator()
 
     def _resolve_estimator(self) -> None:

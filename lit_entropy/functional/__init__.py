@@ -43,6 +43,7 @@ from lit_entropy.functional.kl import KL_KINDS, check_kl_type, kl_penalty
 from lit_entropy.functional.linear_entropy import linear_entropy_stats
 from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
+from lit_entropy.functional.overlong import check_overlong_args, overlong_penalty, truncated_rows
 from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
 from lit_entropy.functional.policy_loss import (
     LOSS_AGG_MODES,
@@ -108,6 +109,7 @@ __all__ = [
     "check_kl_cov_args",
     "check_kl_type",
     "check_max_frac",
+    "check_overlong_args",
     "check_policy_loss_args",
     "check_value_loss_args",
     "cispo_policy_loss",
@@ -138,6 +140,7 @@ __all__ = [
     "masked_sum",
     "moment_stats",
     "outcome_token_rewards",
+    "overlong_penalty",
     "pass_at_k",
     "pass_at_k_per_prompt",
     "policy_loss",
@@ -151,6 +154,7 @@ __all__ = [
     "sample_categorical",
     "sequence_log_ratio",
     "tie_counts",
+    "truncated_rows",
     "top_k_cut",
     "top_k_mask",
     "value_loss",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
 from lit_entropy.functional.entropy import EntropyStats
+from lit_entropy.functional.overlong import overlong_penalty, truncated_rows
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, estimator_needs_values, outcome_token_rewards
 from lit_entropy.protocol import TokenMaskContext
 from lit_entropy.rollout.base import RolloutBatch
@@ -132,14 +134,35 @@ def truncated_is_weights(gap: Tensor, threshold: float) -> Tensor:
 
 
 def build_experience(
-    rollout: RolloutBatch, rewards: Tensor, statistics: RolloutStatistics, settings: RFTSettings
+    rollout: RolloutBatch,
+    rewards: Tensor,
+    statistics: RolloutStatistics,
+    settings: RFTSettings,
+    *,
+    eos_token_ids: Sequence[int] = (),
 ) -> Experience:
     """Advantages (the registered estimator, optionally truncated-IS weighted) on top of the statistics pass.
 
-    The loss mask starts as the response mask; callbacks narrow it afterwards.
+    ``rewards`` ``[N]`` are kept as scored (correctness reads them); the advantages see them plus the overlong
+    penalty (``model.reward.overlong_buffer``). The loss mask starts as the response mask, less the truncated
+    rows under ``model.loss.mask_truncated`` (a row of ``max_new_tokens`` tokens not ending in one of
+    ``eos_token_ids``); callbacks narrow it afterwards.
     """
     mask = rollout.response_mask
-    advantages, returns = token_advantages(rewards, mask, settings, statistics.old_values)
+    max_new_tokens = settings.sampling.max_new_tokens
+    shaped = rewards + overlong_penalty(
+        mask.sum(-1),
+        max_new_tokens=max_new_tokens,
+        buffer=settings.reward.overlong_buffer,
+        factor=settings.reward.overlong_penalty_factor,
+    ).to(rewards)
+    advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values)
+    loss_mask = mask
+    if settings.loss.mask_truncated:
+        truncated = truncated_rows(
+            rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids
+        )
+        loss_mask = mask & ~truncated.unsqueeze(-1)
     gap = None
     if rollout.rollout_logprobs is not None:
         # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision).
@@ -147,5 +170,5 @@ def build_experience(
         if settings.advantages.rollout_is_threshold is not None:
             advantages = advantages * truncated_is_weights(gap, settings.advantages.rollout_is_threshold)
     tensors = {**statistics.row_tensors(), "rewards": rewards, "advantages": advantages, "returns": returns}
-    tensors.update(loss_mask=mask, rollout_gap=gap)
+    tensors.update(loss_mask=loss_mask, rollout_gap=gap)
     return Experience.from_row_tensors(tensors, rollout=rollout, update_forward=statistics.update_forward)

@@ -51,9 +51,7 @@ def overlong_penalty(lengths: Tensor, *, max_new_tokens: int, buffer: int, facto
     return ((max_new_tokens - buffer) - lengths).clamp(max=0.0) / buffer * factor
 
 
-def truncated_rows(
-    responses: Tensor, mask: Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int]
-) -> Tensor:
+def truncated_rows(responses: Tensor, mask: Tensor, *, max_new_tokens: int, eos_token_ids: Sequence[int]) -> Tensor:
     """Rows that reached ``max_new_tokens`` without ending in an EOS: ``[N]`` bool.
 
     Args:

@@ -159,9 +159,7 @@ def build_experience(
     advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values)
     loss_mask = mask
     if settings.loss.mask_truncated:
-        truncated = truncated_rows(
-            rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids
-        )
+        truncated = truncated_rows(rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
         loss_mask = mask & ~truncated.unsqueeze(-1)
     gap = None
     if rollout.rollout_logprobs is not None:

@@ -21,7 +21,12 @@ from lit_entropy.functional.checks import check_choice, check_flag, check_number
 from lit_entropy.functional.kl import check_kl_type
 from lit_entropy.functional.overlong import check_overlong_args
 from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
-from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, estimator_needs_values
+from lit_entropy.functional.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    estimator_min_group_size,
+    estimator_needs_values,
+)
 from lit_entropy.rollout.base import SamplingConfig
 
 __all__ = [
@@ -444,8 +449,6 @@ class RFTSettings:
     def __post_init__(self) -> None:
         if self.algorithm not in ("grpo", "ppo"):
             raise ValueError(f"model.algorithm must be 'grpo' or 'ppo', got {self.algorithm!r}")
-        if self.algorithm == "grpo" and self.sampling.num_samples < 2:
-            raise ValueError(f"model.sampling.num_samples must be >= 2 for grpo, got {self.sampling.num_samples}")
         if self.algorithm == "grpo" and self.ppo is not None:
             raise ValueError(
                 "model.ppo is set but model.algorithm is 'grpo': set model.algorithm: ppo or drop model.ppo"
@@ -465,6 +468,12 @@ class RFTSettings:
             name = DEFAULT_ESTIMATORS[self.algorithm]
             # Frozen: the resolved name is stored once, so checkpoints and HPARAMS show what ran.
             object.__setattr__(self, "advantages", replace(self.advantages, estimator=name))
+        least = estimator_min_group_size(name)
+        if self.sampling.num_samples < least:
+            raise ValueError(
+                f"model.sampling.num_samples must be >= {least} for {name}, got {self.sampling.num_samples} "
+                f"(model.advantages.estimator={name!r} compares the samples of each prompt)"
+            )
         needs_values = estimator_needs_values(name)
         fitting = tuple(n for n in ADVANTAGE_ESTIMATORS.names() if estimator_needs_values(n) != needs_values)
         if needs_values and (self.algorithm != "ppo" or self.ppo is None):

@@ -112,6 +112,22 @@ def test_out_of_range_settings_name_the_setting_and_the_value(make, message):
         make()
 
 
+@pytest.mark.parametrize(
+    ("estimator", "least"), [("grpo", 2), ("rloo", 2), ("reinforce_plus_plus_baseline", 2), ("reinforce_plus_plus", 1)]
+)
+def test_group_baseline_estimators_refuse_single_samples_before_training(estimator, least):
+    groups = dict(policy=PolicyConfig(), sampling=SamplingConfig(num_samples=1), loss=LossConfig())
+    groups.update(update=UpdateConfig(), optim=OptimConfig(), evaluation=EvaluationConfig(), ppo=None)
+    groups.update(reward=RewardConfig(), logging=LoggingConfig(), algorithm="grpo")
+    advantages = AdvantageConfig(estimator=estimator)
+    if least == 1:  # a batch-normalised estimator has no group baseline: one sample per prompt is fine
+        assert RFTSettings.build(**groups, advantages=advantages).advantages.estimator == estimator
+        return
+    message = rf"model.sampling.num_samples must be >= 2 for {estimator}, got 1 \(model.advantages.estimator="
+    with pytest.raises(ValueError, match=message):
+        RFTSettings.build(**groups, advantages=advantages)
+
+
 def test_cross_group_rules():
     groups = dict(policy=PolicyConfig(), sampling=SamplingConfig(), advantages=AdvantageConfig(), loss=LossConfig())
     groups.update(update=UpdateConfig(), optim=OptimConfig(), evaluation=EvaluationConfig(), ppo=None)

@@ -174,7 +174,7 @@ def _check_token_shapes(token_rewards: Tensor, mask: Tensor, values: Tensor | No
         raise ValueError(f"{detail} must share one [N, T] shape")
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", min_group_size=2)
 def grpo_estimator(
     token_rewards: Tensor,
     mask: Tensor,

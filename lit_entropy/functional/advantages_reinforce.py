@@ -47,7 +47,7 @@ def _on_valid_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, per_sequence.unsqueeze(-1), per_sequence.new_zeros(()))
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", min_group_size=2)
 def rloo_estimator(
     token_rewards: Tensor, mask: Tensor, *, group_size: int, values: Tensor | None = None, **extra: Any
 ) -> tuple[Tensor, None]:
@@ -139,7 +139,7 @@ def reinforce_plus_plus_estimator(
     return whiten(discounted_returns(rewards, mask, gamma), mask), None
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline")
+@register_advantage_estimator("reinforce_plus_plus_baseline", min_group_size=2)
 def reinforce_plus_plus_baseline_estimator(
     token_rewards: Tensor, mask: Tensor, *, group_size: int, values: Tensor | None = None, **extra: Any
 ) -> tuple[Tensor, None]:

@@ -36,6 +36,7 @@ __all__ = [
     "UnknownNameError",
     "estimator_needs_values",
     "outcome_token_rewards",
+    "estimator_min_group_size",
     "register_advantage_estimator",
     "register_policy_loss",
 ]
@@ -150,22 +151,33 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
     return POLICY_LOSSES.register(name)
 
 
-def register_advantage_estimator(name: str, *, needs_values: bool = False) -> Callable[[F], F]:
+def register_advantage_estimator(
+    name: str, *, needs_values: bool = False, min_group_size: int = 1
+) -> Callable[[F], F]:
     """Decorator: register an advantage estimator under ``name`` in :data:`ADVANTAGE_ESTIMATORS`.
 
     Args:
         name: the name ``model.advantages.estimator`` takes.
         needs_values: the estimator reads a critic's ``values`` (and returns the critic's targets), so
             it runs only with ``model.algorithm: ppo``.
+        min_group_size: the fewest samples per prompt it can work with (2 for a group baseline);
+            the settings refuse a smaller ``model.sampling.num_samples`` before anything is built.
     """
     if not isinstance(needs_values, bool):
         raise TypeError(f"needs_values must be a bool, got {needs_values!r}")
-    return ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values)
+    if not isinstance(min_group_size, int) or isinstance(min_group_size, bool) or min_group_size < 1:
+        raise ValueError(f"min_group_size must be an integer >= 1, got {min_group_size!r}")
+    return ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values, min_group_size=min_group_size)
 
 
 def estimator_needs_values(name: str) -> bool:
     """Whether the advantage estimator ``name`` was registered with ``needs_values=True``."""
     return bool(ADVANTAGE_ESTIMATORS.attributes(name).get("needs_values", False))
+
+
+def estimator_min_group_size(name: str) -> int:
+    """The fewest samples per prompt the advantage estimator ``name`` was registered to accept."""
+    return int(ADVANTAGE_ESTIMATORS.attributes(name).get("min_group_size", 1))
 
 
 def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:

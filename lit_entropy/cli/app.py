@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,13 @@ from lit_entropy.cli.export import export_main
 from lit_entropy.cli.output_paths import check_output_paths
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
-from lit_entropy.cli.resume import deep_merge, explicit_changes, read_checkpoint_hparams, report_setting_changes
+from lit_entropy.cli.resume import (
+    deep_merge,
+    explicit_changes,
+    read_checkpoint_hparams,
+    report_setting_changes,
+    resolve_null_estimator,
+)
 from lit_entropy.cli.run_dir import place_logger
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
@@ -201,9 +208,10 @@ class RFTCLI(LightningCLI):
                 raise SettingsError(f"the model settings stored in {ckpt_path} do not parse: {line}") from err
             finally:
                 self.parser.exit_on_error = True
-        changes = []
-        for section in ("model", "data"):
-            changes += explicit_changes(saved[section], explicit[section], section)
+        saved_model = copy.deepcopy(dict(saved["model"]))
+        resolve_null_estimator(saved_model, explicit["model"])
+        changes = explicit_changes(saved_model, explicit["model"], "model")
+        changes += explicit_changes(saved["data"], explicit["data"], "data")
         allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
         report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
         step = saved["trained_batches"]

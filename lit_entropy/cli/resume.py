@@ -53,6 +53,27 @@ def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, 
     return out
 
 
+def resolve_null_estimator(saved_model: dict[str, Any], explicit_model: dict[str, Any]) -> None:
+    """Write the algorithm's default estimator where either side leaves ``model.advantages.estimator`` null.
+
+    The settings resolve a null estimator to :data:`~lit_entropy.settings.DEFAULT_ESTIMATORS` of the
+    algorithm and checkpoints store the resolved name, while a run's ``config.yaml`` keeps the null it was
+    given; checkpoints from before the registries store no estimator at all. Both mean the same estimator,
+    so neither is a change on resume. Edits the dicts in place (``explicit_model`` only where it sets the key).
+    """
+    from lit_entropy.settings import DEFAULT_ESTIMATORS
+
+    old_algorithm = saved_model.get("algorithm", "grpo")
+    new_algorithm = explicit_model.get("algorithm", old_algorithm)
+    saved_adv = saved_model.get("advantages")
+    if isinstance(saved_adv, dict) and saved_adv.get("estimator") is None and old_algorithm in DEFAULT_ESTIMATORS:
+        saved_adv["estimator"] = DEFAULT_ESTIMATORS[old_algorithm]
+    given_adv = explicit_model.get("advantages")
+    if isinstance(given_adv, dict) and "estimator" in given_adv and given_adv["estimator"] is None:
+        if new_algorithm in DEFAULT_ESTIMATORS:
+            given_adv["estimator"] = DEFAULT_ESTIMATORS[new_algorithm]
+
+
 def report_setting_changes(
     ckpt_path: str | Path, changes: list[tuple[str, Any, Any]], subcommand: str, *, allow_changes: bool
 ) -> None:

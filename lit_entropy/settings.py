@@ -24,7 +24,7 @@ from lit_entropy.functional.policy_loss import check_policy_loss_args, check_val
 from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
-    estimator_min_group_size,
+    check_group_size,
     estimator_needs_values,
 )
 from lit_entropy.rollout.base import SamplingConfig
@@ -468,12 +468,7 @@ class RFTSettings:
             name = DEFAULT_ESTIMATORS[self.algorithm]
             # Frozen: the resolved name is stored once, so checkpoints and HPARAMS show what ran.
             object.__setattr__(self, "advantages", replace(self.advantages, estimator=name))
-        least = estimator_min_group_size(name)
-        if self.sampling.num_samples < least:
-            raise ValueError(
-                f"model.sampling.num_samples must be >= {least} for {name}, got {self.sampling.num_samples} "
-                f"(model.advantages.estimator={name!r} compares the samples of each prompt)"
-            )
+        check_group_size(name, self.sampling.num_samples, setting="model.sampling.num_samples")
         needs_values = estimator_needs_values(name)
         fitting = tuple(n for n in ADVANTAGE_ESTIMATORS.names() if estimator_needs_values(n) != needs_values)
         if needs_values and (self.algorithm != "ppo" or self.ppo is None):

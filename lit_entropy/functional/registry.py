@@ -36,6 +36,7 @@ __all__ = [
     "UnknownNameError",
     "estimator_needs_values",
     "outcome_token_rewards",
+    "check_group_size",
     "estimator_min_group_size",
     "register_advantage_estimator",
     "register_policy_loss",
@@ -151,9 +152,7 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
     return POLICY_LOSSES.register(name)
 
 
-def register_advantage_estimator(
-    name: str, *, needs_values: bool = False, min_group_size: int = 1
-) -> Callable[[F], F]:
+def register_advantage_estimator(name: str, *, needs_values: bool = False, min_group_size: int = 1) -> Callable[[F], F]:
     """Decorator: register an advantage estimator under ``name`` in :data:`ADVANTAGE_ESTIMATORS`.
 
     Args:
@@ -178,6 +177,16 @@ def estimator_needs_values(name: str) -> bool:
 def estimator_min_group_size(name: str) -> int:
     """The fewest samples per prompt the advantage estimator ``name`` was registered to accept."""
     return int(ADVANTAGE_ESTIMATORS.attributes(name).get("min_group_size", 1))
+
+
+def check_group_size(estimator: str, num_samples: int, *, setting: str = "num_samples") -> None:
+    """Refuse fewer samples per prompt than the advantage estimator ``estimator`` was registered to accept."""
+    least = estimator_min_group_size(estimator)
+    if num_samples < least:
+        raise ValueError(
+            f"{setting} must be >= {least} for {estimator}, got {num_samples} "
+            f"(model.advantages.estimator={estimator!r} compares the samples of each prompt)"
+        )
 
 
 def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:

@@ -35,16 +35,18 @@ def _changes(saved: dict, given: dict) -> list:
 
 def test_a_null_estimator_and_the_algorithms_default_are_the_same_setting():
     # checkpoints store the resolved name, a run's config.yaml keeps the null it was given
-    assert _changes({"algorithm": "grpo", "advantages": {"estimator": "grpo"}}, {"advantages": {"estimator": None}}) == []
+    assert (
+        _changes({"algorithm": "grpo", "advantages": {"estimator": "grpo"}}, {"advantages": {"estimator": None}}) == []
+    )
     # checkpoints from before the registries store no estimator: they ran the algorithm's default
     assert _changes({"algorithm": "ppo", "advantages": {"scale": "std"}}, {"advantages": {"estimator": "gae"}}) == []
     assert _changes({"advantages": {}}, {"advantages": {"estimator": "grpo"}}) == []
 
 
 def test_a_different_estimator_is_still_a_change():
-    assert _changes({"algorithm": "grpo", "advantages": {"estimator": "grpo"}}, {"advantages": {"estimator": "rloo"}}) == [
-        ("model.advantages.estimator", "grpo", "rloo")
-    ]
+    assert _changes(
+        {"algorithm": "grpo", "advantages": {"estimator": "grpo"}}, {"advantages": {"estimator": "rloo"}}
+    ) == [("model.advantages.estimator", "grpo", "rloo")]
     # a null under a changed algorithm resolves to that algorithm's default
     saved = {"algorithm": "grpo", "advantages": {"estimator": "grpo"}}
     assert _changes(saved, {"algorithm": "ppo", "advantages": {"estimator": None}}) == [

@@ -85,7 +85,8 @@ CASES = [
      "trainer:\n  callbacks:\n    - class_path: EntropyDiscriminatorClipping\n      init_args:\n        mu: abc\n",
      "trainer.callbacks.init_args.mu (EntropyDiscriminatorClipping): expected a float or null, got 'abc'", []),
     ("settings check", ["--model.sampling.num_samples=1"], None,
-     "model.sampling.num_samples must be >= 2 for grpo, got 1", []),
+     "model.sampling.num_samples must be >= 2 for grpo, got 1 "
+     "(model.advantages.estimator='grpo' compares the samples of each prompt)", []),
     ("group check", ["--model.algorithm=ppo", "--model.ppo.gamma=2"], None,
      "model.ppo.gamma must be a number in [0, 1], got 2.0", []),
     ("gradient clipping", ["--trainer.gradient_clip_val=1.0"], None, None,

@@ -10,14 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.masked import as_bool_mask, compute_dtype, masked_mean
-from lit_entropy.functional.policy_loss import (
-    LOG_RATIO_CLAMP,
-    PolicyLossStats,
-    _token_advantages,
-    aggregate_loss,
-    check_policy_loss_args,
-)
+from lit_entropy.functional.policy_loss import LOG_RATIO_CLAMP, PolicyLossStats, aggregate_loss
+from lit_entropy.functional.policy_losses_sequence import _check, _prepare, _stats
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = ["cispo_policy_loss"]
@@ -60,41 +54,13 @@ def cispo_policy_loss(
         (``r < 1 - eps_low`` / ``r > 1 + eps_high``, whatever the advantage's sign: the weight is capped,
         the gradient kept).
     """
-    check_policy_loss_args(
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=None,
-        loss_agg_mode=loss_agg_mode,
-        loss_scale_factor=loss_scale_factor,
-    )
-    advantages = _token_advantages(logprobs, old_logprobs, advantages, mask)
-    mask = as_bool_mask(mask)
-    dtype = compute_dtype(logprobs, old_logprobs, advantages)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    lp = torch.where(mask, logprobs.to(dtype), zero)
-    adv = torch.where(mask, advantages.detach().to(dtype).expand(mask.shape), zero)
-    log_ratio = torch.where(mask, lp.detach() - old_logprobs.detach().to(dtype), zero)
-    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, _, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, None)
+    log_ratio = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = -weight * adv * lp
     loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
-    return loss, _cispo_stats(ratio, log_ratio, mask, clip_ratio_low, clip_ratio_high)
-
-
-@torch.no_grad()
-def _cispo_stats(
-    ratio: Tensor, log_ratio: Tensor, mask: Tensor, clip_ratio_low: float, clip_ratio_high: float
-) -> PolicyLossStats:
-    """Fractions of loss tokens whose weight is cut (either sign of ``A``), ``k3`` KL and mean ratio."""
-    dtype = ratio.dtype
-    low = ratio < 1.0 - clip_ratio_low
-    high = ratio > 1.0 + clip_ratio_high
-    return PolicyLossStats(
-        clip_frac_low=masked_mean(low.to(dtype), mask),
-        clip_frac_high=masked_mean(high.to(dtype), mask),
-        clip_frac=masked_mean((low | high).to(dtype), mask),
-        dual_clip_frac=torch.zeros((), dtype=dtype, device=ratio.device),
-        approx_kl=masked_mean(ratio - 1.0 - log_ratio, mask),
-        ratio_mean=masked_mean(ratio, mask),
-    )
+    # the weight is capped whatever the advantage's sign, so both cuts count
+    low, high = ratio < 1.0 - clip_ratio_low, ratio > 1.0 + clip_ratio_high
+    return loss, _stats(low, high, ratio, log_ratio, mask)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
+from lit_entropy.functional.overlong import truncated_rows
 from lit_entropy.metrics import TokenEntropy
 from lit_entropy.rollout.base import RolloutEngine
 from lit_entropy.settings import OptimConfig
@@ -221,11 +222,9 @@ def batch_statistics(
     """
     mask, rewards = experience.response_mask, experience.rewards
     lengths = mask.sum(-1)
-    rows = torch.arange(mask.shape[0], device=mask.device)
-    responses = experience.rollout.responses
-    last = responses[rows, (lengths - 1).clamp(min=0)]
-    eos = torch.as_tensor(eos_token_ids, device=mask.device).reshape(-1)
-    truncated = (lengths >= max_new_tokens) & ~torch.isin(last, eos)
+    truncated = truncated_rows(
+        experience.rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids
+    )
     grouped = rewards.view(-1, group_size)
     all_equal = (grouped.max(-1).values == grouped.min(-1).values).sum()
     parts = [

@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from _scripts import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
-def _load(name: str):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_load = load_script
 
 
 def test_replayed_count_masking_masks_the_replayed_counts_among_negative_tokens():

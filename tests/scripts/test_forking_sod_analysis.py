@@ -4,26 +4,18 @@ the generated block of scripts/forking/README.md matches the committed runs."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
-def _load(name: str):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_load = load_script
 
 
 def _write(path: Path, rows: list[dict]) -> None:

@@ -1,0 +1,11 @@
+"""Load a script of ``scripts/`` as a fresh module (``scripts`` is on pytest's pythonpath)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def load_script(name: str) -> ModuleType:
+    """Import ``scripts/<name>.py`` and execute it anew, so module-level state starts clean in each test."""
+    return importlib.reload(importlib.import_module(name))

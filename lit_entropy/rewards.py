@@ -177,8 +177,7 @@ def check_rewards(fn_name: str, values: Any, expected_len: int, setting: str = "
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _short_repr_text(repr(value), limit)
 
 
 def exact_match_reward(completions: list[str], answers: list[str]) -> list[float]:

@@ -70,7 +70,9 @@ def run_output_paths(trainer: Any, module: Any, *, fit: bool) -> list[OutputPath
         if logging.export_dir is not None:
             out.append(OutputPath("model.logging.export_dir", str(logging.export_dir)))
         elif trainer.loggers:  # without a logger (and no export_dir) nothing is exported
-            out.append(OutputPath("model.logging.export_dir (null: <log_dir>/hf_model)", f"{run_dir}/hf_model"))
+            from lit_entropy.models.export import default_export_dir  # the path the run's export will use
+
+            out.append(OutputPath("model.logging.export_dir (null: <log_dir>/hf_model)", default_export_dir(trainer)))
     return out
 
 

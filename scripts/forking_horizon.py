@@ -1,0 +1,278 @@
+"""Horizon forking study (issue 24, experiment A): GRPO vs Clip_B vs a count-replaying random mask, 400 steps.
+
+The first forking study (``scripts/forking_study.py``: four-strategy task, base models fork-s0 / fork-s1) ran
+80 steps. This experiment reruns its task and base models for 400 steps under the statistics of the
+sum-or-difference study. Design, endpoint and decision rule are fixed in
+``scripts/forking/experiments/horizon/PREREGISTRATION.md`` (committed before the first run).
+
+Each run trains one arm from one base model with one RL seed (``configs/forking/base.yaml`` + the arm's overlay)
+and evaluates the policy exactly on the 64 test prompts (16 per class) every ``EVAL_EVERY`` steps at T = 1.0. Every
+prompt has one correct response, so p = its sequence probability (teacher forcing), avg@k = p and
+pass@k = 1 - (1 - p)^k (``forking_study.correct_logprob``). Per run it writes
+``<exp>/per_run/<base>__<arm>__s<seed>/{eval.csv,train.csv,done.json}``; a finished run is skipped, so the
+study resumes from what is there.
+
+    python scripts/forking_horizon.py --status                      # done / todo per run
+    nice -n 19 python scripts/forking_horizon.py --run --workers 2  # run what is missing (resumable)
+    python scripts/forking_horizon.py --analyze --update-readme     # tables, verdicts, generated blocks
+
+Arms: ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every step, as many random A < 0 tokens as the Clip_B
+run of the same base and seed masked at that step); ``grpo_null`` (GRPO, data order from seed + 1000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
+from forking_sod import claim, write_csv  # noqa: E402
+from forking_study import correct_logprob, load_rows  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = ROOT / "scripts" / "forking" / "experiments" / "horizon"
+CONFIGS = ROOT / "configs" / "forking"
+MODELS = ROOT / "scripts" / "forking" / "models"
+DATA = ROOT / "scripts" / "forking" / "data" / "forking"
+#: Arm -> method overlay on configs/forking/base.yaml.
+ARMS = {"grpo": "grpo.yaml", "clip_b": "clip_b.yaml", "replay_mask": "grpo.yaml", "grpo_null": "grpo.yaml"}
+PRIMARY_ARMS = ("grpo", "clip_b", "replay_mask")
+BASES = ("fork-s0", "fork-s1")
+SEEDS = (0, 1, 2, 3, 4)
+STEPS = 400
+EVAL_EVERY = 40
+NULL_DATA_SEED_OFFSET = 1000
+#: Paths whose last commit is the code revision a run records (results commits do not change it).
+CODE_PATHS = (
+    "lit_entropy",
+    "configs/forking",
+    "scripts/forking/models",
+    "scripts/forking/data",
+    "scripts/forking_horizon.py",
+    "scripts/forking_sod.py",
+    "scripts/forking_study.py",
+    "scripts/forking_design.py",
+    "scripts/forking_controls.py",
+)
+
+Key = tuple[str, str, int]  # (base, arm, seed)
+
+
+def run_name(base: str, arm: str, seed: int) -> str:
+    return f"{base}__{arm}__s{seed}"
+
+
+def code_revision() -> str:
+    """Last commit that touched :data:`CODE_PATHS`, ``+dirty`` when they have uncommitted changes
+    (``FORKING_CODE_REV`` where the copy has no git history)."""
+    if os.environ.get("FORKING_CODE_REV"):
+        return os.environ["FORKING_CODE_REV"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    rev = git("log", "-1", "--format=%h", "--", *CODE_PATHS) or "unknown"
+    return rev + ("+dirty" if git("status", "--porcelain", "--", *CODE_PATHS) else "")
+
+
+def cli_args(base: str, arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
+    data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
+    return [
+        "--config",
+        str(CONFIGS / "base.yaml"),
+        "--config",
+        str(CONFIGS / ARMS[arm]),
+        f"--seed_everything={seed}",
+        f"--trainer.max_steps={steps}",
+        f"--data.seed={data_seed}",
+        f"--trainer.default_root_dir={run_dir}",
+        "--val_before_train=false",
+        f"--model.policy.model_name_or_path={MODELS / base}",
+        f"--data.train_dataset={DATA / 'train.jsonl'}",
+    ]
+
+
+def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -> list[dict[str, Any]]:
+    """One row per test prompt: log p(correct response) and log p(first token = the right strategy)."""
+    rows = load_rows("forking", "test")
+    logp, logp_first = correct_logprob(policy, tokenizer, rows, temperature)
+    return [
+        {
+            "step": step,
+            "temperature": temperature,
+            "prompt": r["prompt"],
+            "class": r["class"],
+            "logp": f"{lp:.6g}",
+            "logp_first": f"{lf:.6g}",
+        }
+        for r, lp, lf in zip(rows, logp, logp_first, strict=True)
+    ]
+
+
+def train_one(key: Key, steps: int, eval_every: int, exp: Path) -> None:
+    from lit_entropy.cli import cli_main
+
+    base, arm, seed = key
+    run_dir = exp / "per_run" / run_name(*key)
+    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_horizon")) / run_name(*key)
+    cli = cli_main(args=cli_args(base, arm, seed, steps, scratch), run=False)
+    eval_rows: list[dict[str, Any]] = []
+
+    def on_step(step: int, pl_module: Any) -> None:
+        if step % eval_every == 0 or step == steps:
+            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, step))
+
+    recorder = RoleRecorder(on_step)
+    cli.trainer.callbacks.append(recorder)
+    replay = None
+    if arm.startswith("replay"):
+        source = exp / "per_run" / run_name(base, "clip_b", seed) / "train.csv"
+        if not source.exists():
+            raise FileNotFoundError(f"{arm} replays {source}: run clip_b {base} seed {seed} first")
+        replay = ReplayedCountMasking(read_counts(source), seed=seed)
+        cli.trainer.callbacks.append(replay)
+    t0 = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    seconds = time.perf_counter() - t0
+    if int(cli.trainer.global_step) != steps or len(recorder.rows) != steps:
+        raise RuntimeError(f"{run_name(*key)} stopped at step {cli.trainer.global_step} of {steps}; not done")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(run_dir / "eval.csv", eval_rows)
+    write_csv(run_dir / "train.csv", recorder.rows)
+    done = {
+        "seconds": round(seconds, 1),
+        "steps": steps,
+        "code_revision": code_revision(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "replay_shortfall": None if replay is None else replay.shortfall,
+    }
+    (run_dir / "done.json").write_text(json.dumps(done) + "\n")
+
+
+def planned(bases: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[Key]:
+    """Seed-major, then base, then arm (primary arms first, Clip_B before the replay that reads its counts);
+    ``grpo_null`` runs after every primary run. A study cut short thus has whole (base, seed) units."""
+    order = [a for a in ARMS if a in arms]
+    primary = [(b, a, s) for s in seeds for b in bases for a in order if a in PRIMARY_ARMS]
+    return primary + [(b, a, s) for s in seeds for b in bases for a in order if a not in PRIMARY_ARMS]
+
+
+def is_done(exp: Path, key: Key) -> bool:
+    return (exp / "per_run" / run_name(*key) / "done.json").exists()
+
+
+def ready(exp: Path, key: Key) -> bool:
+    base, arm, seed = key
+    return not arm.startswith("replay") or is_done(exp, (base, "clip_b", seed))
+
+
+def status(exp: Path, keys: list[Key]) -> None:
+    for key in keys:
+        d = exp / "per_run" / run_name(*key)
+        if is_done(exp, key):
+            info = json.loads((d / "done.json").read_text())
+            state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
+        else:
+            state = "claimed (running?)" if (d / "claim").exists() else "todo"
+        print(f"{run_name(*key):28s} {state}")
+
+
+def execute(args: argparse.Namespace, keys: list[Key]) -> None:
+    """Run the missing runs of ``keys`` in this process, in order."""
+    for key in keys:
+        d = args.exp / "per_run" / run_name(*key)
+        if is_done(args.exp, key):
+            continue
+        if not ready(args.exp, key):
+            print(f"[forking_horizon] skip {run_name(*key)}: its clip_b run is not done", flush=True)
+            continue
+        if not claim(d):
+            continue
+        t0 = time.perf_counter()
+        train_one(key, args.steps, args.eval_every, args.exp)
+        (d / "claim").unlink(missing_ok=True)
+        print(f"[forking_horizon] {run_name(*key)} done in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def pool(args: argparse.Namespace, keys: list[Key]) -> None:
+    """Run the missing runs in ``args.workers`` single-thread subprocesses, in :func:`planned` order (a replay run
+    waits for its Clip_B run). No run starts after ``args.deadline`` seconds."""
+    t0, running = time.perf_counter(), {}
+    todo = [k for k in keys if not is_done(args.exp, k)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    while todo or running:
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                print(f"[pool] {run_name(*key)} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
+        elapsed = time.perf_counter() - t0
+        startable = [k for k in todo if ready(args.exp, k)]
+        while startable and len(running) < args.workers and elapsed < args.deadline:
+            key = startable.pop(0)
+            todo.remove(key)
+            base, arm, seed = key
+            cmd = [sys.executable, __file__, "--run", "--exp", str(args.exp), "--bases", base, "--arms", arm]
+            cmd += ["--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
+            log = args.exp / "logs" / f"{run_name(*key)}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            running[key] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+            print(f"[pool] started {run_name(*key)} at {elapsed:.0f}s", flush=True)
+        if not running and (not startable or elapsed >= args.deadline):
+            return
+        time.sleep(2)
+
+
+def _names(text: str, allowed: tuple[str, ...] | dict[str, str], flag: str) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        raise ValueError(f"{flag} has unknown names {unknown}; choose from {sorted(allowed)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--exp", type=Path, default=EXP)
+    p.add_argument("--bases", default=",".join(BASES))
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    p.add_argument("--status", action="store_true")
+    p.add_argument("--run", action="store_true")
+    p.add_argument("--analyze", action="store_true")
+    p.add_argument("--update-readme", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=0, help="with --run: this many subprocesses (0: in-process)")
+    p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
+    args = p.parse_args(argv)
+    bases = _names(args.bases, BASES, "--bases")
+    arms = _names(args.arms, ARMS, "--arms")
+    keys = planned(bases, arms, tuple(int(s) for s in args.seeds.split(",")))
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
+    if args.status:
+        status(args.exp, keys)
+    if args.run:
+        (pool if args.workers else execute)(args, keys)
+    if args.analyze or args.update_readme:
+        from forking_horizon_analysis import analyze
+
+        analyze(args.exp, update_readme=args.update_readme)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Analysis of the horizon forking study (``scripts/forking_horizon.py``), by the pre-registered rule.
+
+Reads only the per-run results (``<exp>/per_run/<base>__<arm>__s<seed>/{eval,train}.csv`` and ``done.json``) and
+writes ``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md``, ``<exp>/pass_at_64.png`` and
+``<exp>/readme_block.md``; ``--update-readme`` copies the block between the markers of every file in ``DOCS``.
+
+    python scripts/forking_horizon.py --analyze --update-readme
+
+Endpoint (``experiments/horizon/PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the
+class-weighted (``CLASS_PROBS``) test mean of pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the
+differences over (base, seed) units, their 95 % paired Student-t interval and the exact two-sided sign-flip
+p-value, pooled over both bases (primary) and per base; verdict with the effect-size floor of experiment C.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from forking_sod_analysis import _read, replace_block, train_summary, verdict
+
+from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
+from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Files that carry the generated block, and their marker names.
+DOCS = ((ROOT / "scripts" / "forking" / "README.md", "horizon-results"),)
+K = 64
+LAST_EVALS = 3
+WEIGHTS = dict(zip(STRATEGIES, CLASS_PROBS, strict=True))
+PRIMARY = ("grpo", "clip_b", "replay_mask")
+ARM_ORDER = (*PRIMARY, "grpo_null")
+#: (treated, control) pairs judged by the rule, in the pre-registered order.
+COMPARISONS = (("clip_b", "grpo"), ("replay_mask", "grpo"), ("clip_b", "replay_mask"), ("grpo_null", "grpo"))
+METRICS = ("pass@64", "avg@64")
+Unit = tuple[str, int]  # (base, seed)
+
+
+def load_runs(exp: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """``{(base, arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run; refuses runs
+    of more than one code revision."""
+    runs = {}
+    for d in sorted((exp / "per_run").glob("*__*__s*")):
+        if not (d / "done.json").exists():
+            continue
+        base, arm, seed = d.name.split("__")
+        runs[(base, arm, int(seed[1:]))] = {
+            "eval": _read(d / "eval.csv"),
+            "train": _read(d / "train.csv"),
+            "done": json.loads((d / "done.json").read_text()),
+        }
+    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
+    if len(revisions) > 1:
+        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
+    return runs
+
+
+def at_step(rows: list[dict[str, str]]) -> dict[str, float]:
+    """Class-weighted pass@64 and avg@64 of one evaluation, and per class: pass@64, P(first token right) and
+    p(correct | first token right)."""
+    out: dict[str, float] = {"pass@64": 0.0, "avg@64": 0.0}
+    for cls, w in WEIGHTS.items():
+        mine = [r for r in rows if r["class"] == cls]
+        p = [min(math.exp(float(r["logp"])), 1.0) for r in mine]
+        first = [math.exp(float(r["logp_first"])) for r in mine]
+        out[f"pass@64_{cls}"] = fmean(1.0 - (1.0 - q) ** K for q in p)
+        out[f"p_first_{cls}"] = fmean(first)
+        out[f"exec_given_first_{cls}"] = fmean(math.exp(float(r["logp"]) - float(r["logp_first"])) for r in mine)
+        out["pass@64"] += w * out[f"pass@64_{cls}"]
+        out["avg@64"] += w * fmean(p)
+    return out
+
+
+def endpoint(eval_rows: list[dict[str, str]]) -> dict[str, float]:
+    """Mean over the last ``LAST_EVALS`` evaluations (T = 1.0) of :func:`at_step`'s numbers."""
+    rows = [r for r in eval_rows if float(r["temperature"]) == 1.0]
+    steps = sorted({int(r["step"]) for r in rows})[-LAST_EVALS:]
+    each = [at_step([r for r in rows if int(r["step"]) == s]) for s in steps]
+    return {k: fmean(e[k] for e in each) for k in each[0]}
+
+
+def curve(eval_rows: list[dict[str, str]]) -> dict[int, float]:
+    """Class-weighted test pass@64 at every evaluated step (T = 1.0)."""
+    steps = sorted({int(r["step"]) for r in eval_rows})
+    return {s: at_step([r for r in eval_rows if int(r["step"]) == s])["pass@64"] for s in steps}
+
+
+def per_run_table(runs: dict[tuple[str, str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    table = {}
+    for (base, arm, seed), run in sorted(runs.items()):
+        row = {"base": base, "arm": arm, "seed": seed, **endpoint(run["eval"]), **train_summary(run["train"])}
+        row["seconds"] = run["done"]["seconds"]
+        row["replay_shortfall"] = run["done"].get("replay_shortfall")
+        if row["replay_shortfall"] is not None:  # share of the replayed Clip_B count that found A < 0 tokens
+            masked = sum(int(r["masked_n_strategy"]) + int(r["masked_n_exec"]) for r in run["train"])
+            row["replay_matched_share"] = masked / max(masked + row["replay_shortfall"], 1)
+        table[f"{base}__{arm}__s{seed}"] = row
+    return table
+
+
+def units_with(table: dict[str, dict[str, Any]], arms: tuple[str, ...], base: str | None = None) -> list[Unit]:
+    """The (base, seed) units where every arm of ``arms`` finished (on ``base`` only, when given)."""
+    have = [{(r["base"], r["seed"]) for r in table.values() if r["arm"] == a} for a in arms]
+    units = set.intersection(*have) if have else set()
+    return sorted(u for u in units if base is None or u[0] == base)
+
+
+def compare(table: dict[str, dict[str, Any]], treated: str, control: str, units: list[Unit]) -> dict[str, Any]:
+    out: dict[str, Any] = {"treated": treated, "control": control, "units": [list(u) for u in units]}
+    for metric in METRICS:
+        x = [table[f"{b}__{treated}__s{s}"][metric] for b, s in units]
+        y = [table[f"{b}__{control}__s{s}"][metric] for b, s in units]
+        diffs = [a - c for a, c in zip(x, y, strict=True)]
+        interval = paired_t_interval(x, y)
+        p = sign_flip_test(diffs)
+        out[metric] = {
+            "mean": interval.estimate,
+            "low": interval.low,
+            "high": interval.high,
+            "p_sign_flip": p,
+            "positive": sum(d > 0 for d in diffs),
+            "diffs": diffs,
+            "verdict": verdict(interval.low, interval.high, interval.estimate, p),
+        }
+    return out
+
+
+def comparisons(table: dict[str, dict[str, Any]], bases: list[str]) -> list[dict[str, Any]]:
+    """Every pre-registered comparison with at least 2 units: pooled (``scope`` "pooled") then per base."""
+    out = []
+    for scope in ["pooled", *bases]:
+        base = None if scope == "pooled" else scope
+        for treated, control in COMPARISONS:
+            arms = PRIMARY if {treated, control} <= set(PRIMARY) else (treated, control)
+            units = units_with(table, arms, base)
+            if len(units) >= 2:
+                out.append({"scope": scope, **compare(table, treated, control, units)})
+    return out
+
+
+def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
+    runs = load_runs(exp)
+    table = per_run_table(runs)
+    bases = sorted({r["base"] for r in table.values()})
+    means: dict[str, dict[str, Any]] = {}
+    for base in bases:
+        for arm in sorted({r["arm"] for r in table.values() if r["base"] == base}, key=ARM_ORDER.index):
+            rows = [r for r in table.values() if r["base"] == base and r["arm"] == arm]
+            keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
+            means[f"{base}__{arm}"] = {"base": base, "arm": arm, "n": len(rows)}
+            means[f"{base}__{arm}"].update({k: fmean(r[k] for r in rows) for k in keys})
+    start = {}
+    for (base, _, _), run in sorted(runs.items()):
+        start.setdefault(base, at_step([r for r in run["eval"] if r["step"] == "0"]))
+    done = [r["done"] for r in runs.values()]
+    summary = {
+        "code_revision": done[0]["code_revision"] if done else None,
+        "torch": sorted({d["torch"] for d in done}),
+        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        "n_runs": len(runs),
+        "base_models": start,
+        "arm_means": means,
+        "comparisons": comparisons(table, bases),
+        "per_run": table,
+        "pass64_curves": {f"{b}__{a}__s{s}": curve(r["eval"]) for (b, a, s), r in sorted(runs.items())},
+    }
+    (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    from forking_horizon_report import plot, readme_block, summary_tables
+
+    (exp / "summary.md").write_text(summary_tables(summary))
+    if runs:
+        plot(summary, exp / "pass_at_64.png")
+    block = readme_block(summary)
+    (exp / "readme_block.md").write_text(block)
+    if update_readme:
+        for path, marker in DOCS:
+            changed = replace_block(path, marker, block)
+            print(f"[forking_horizon] {path.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
+    print(block, flush=True)
+    return summary

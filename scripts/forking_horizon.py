@@ -1,12 +1,15 @@
-"""Horizon forking study (issue 24, experiment A): GRPO vs Clip_B vs a count-replaying random mask, 400 steps.
+"""Horizon and short-execution forking studies (issue 24, experiments A and B): GRPO vs Clip_B vs a
+count-replaying random mask on the four-strategy forking task.
 
 The first forking study (``scripts/forking_study.py``: four-strategy task, base models fork-s0 / fork-s1) ran
-80 steps. This experiment reruns its task and base models for 400 steps under the statistics of the
-sum-or-difference study. Design, endpoint and decision rule are fixed in
-``scripts/forking/experiments/horizon/PREREGISTRATION.md`` (committed before the first run).
+80 steps. Experiment A (``--experiment horizon``) reruns its task and base models for 400 steps under the
+statistics of the sum-or-difference study. Experiment B (``--experiment short``) runs the same task with one copy
+of the payload per response (8 tokens) from base models built for it, for 300 steps. Designs, endpoints and
+decision rules are fixed in ``scripts/forking/experiments/<experiment>/PREREGISTRATION.md`` (each committed before
+its first run).
 
-Each run trains one arm from one base model with one RL seed (``configs/forking/base.yaml`` + the arm's overlay)
-and evaluates the policy exactly on the 64 test prompts (16 per class) every ``EVAL_EVERY`` steps at T = 1.0. Every
+Each run trains one arm from one base model with one RL seed (``configs/forking/base.yaml`` + the experiment's and
+the arm's overlays) and evaluates the policy exactly on the 64 test prompts (16 per class) at T = 1.0. Every
 prompt has one correct response, so p = its sequence probability (teacher forcing), avg@k = p and
 pass@k = 1 - (1 - p)^k (``forking_study.correct_logprob``). Per run it writes
 ``<exp>/per_run/<base>__<arm>__s<seed>/{eval.csv,train.csv,done.json}``; a finished run is skipped, so the
@@ -15,6 +18,7 @@ study resumes from what is there.
     python scripts/forking_horizon.py --status                      # done / todo per run
     nice -n 19 python scripts/forking_horizon.py --run --workers 2  # run what is missing (resumable)
     python scripts/forking_horizon.py --analyze --update-readme     # tables, verdicts, generated blocks
+    python scripts/forking_horizon.py --experiment short --status   # experiment B (likewise --run, --analyze)
 
 Arms: ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every step, as many random A < 0 tokens as the Clip_B
 run of the same base and seed masked at that step); ``grpo_null`` (GRPO, data order from seed + 1000).
@@ -36,20 +40,31 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
 from forking_sod import claim, write_csv  # noqa: E402
-from forking_study import correct_logprob, load_rows  # noqa: E402
+from forking_study import correct_logprob  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXP = ROOT / "scripts" / "forking" / "experiments" / "horizon"
+EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
+EXP = EXPERIMENTS_DIR / "horizon"
 CONFIGS = ROOT / "configs" / "forking"
 MODELS = ROOT / "scripts" / "forking" / "models"
 DATA = ROOT / "scripts" / "forking" / "data" / "forking"
+#: Experiment -> its directory, base models, data, extra config overlays, steps and evaluation interval.
+EXPERIMENTS = {
+    "horizon": {"exp": EXP, "models": MODELS, "data": DATA, "overlays": (), "steps": 400, "eval_every": 40},
+    "short": {
+        "exp": EXPERIMENTS_DIR / "short",
+        "models": EXPERIMENTS_DIR / "short" / "models",
+        "data": EXPERIMENTS_DIR / "short" / "data" / "forking",
+        "overlays": ("short.yaml",),
+        "steps": 300,
+        "eval_every": 30,
+    },
+}
 #: Arm -> method overlay on configs/forking/base.yaml.
 ARMS = {"grpo": "grpo.yaml", "clip_b": "clip_b.yaml", "replay_mask": "grpo.yaml", "grpo_null": "grpo.yaml"}
 PRIMARY_ARMS = ("grpo", "clip_b", "replay_mask")
 BASES = ("fork-s0", "fork-s1")
 SEEDS = (0, 1, 2, 3, 4)
-STEPS = 400
-EVAL_EVERY = 40
 NULL_DATA_SEED_OFFSET = 1000
 #: Paths whose last commit is the code revision a run records (results commits do not change it).
 CODE_PATHS = (
@@ -57,6 +72,8 @@ CODE_PATHS = (
     "configs/forking",
     "scripts/forking/models",
     "scripts/forking/data",
+    "scripts/forking/experiments/short/models",
+    "scripts/forking/experiments/short/data",
     "scripts/forking_horizon.py",
     "scripts/forking_sod.py",
     "scripts/forking_study.py",
@@ -84,26 +101,32 @@ def code_revision() -> str:
     return rev + ("+dirty" if git("status", "--porcelain", "--", *CODE_PATHS) else "")
 
 
-def cli_args(base: str, arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
+def cli_args(key: Key, steps: int, run_dir: Path, experiment: str = "horizon") -> list[str]:
+    base, arm, seed = key
+    spec = EXPERIMENTS[experiment]
     data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
+    configs = ["base.yaml", *spec["overlays"], ARMS[arm]]
     return [
-        "--config",
-        str(CONFIGS / "base.yaml"),
-        "--config",
-        str(CONFIGS / ARMS[arm]),
+        *(arg for name in configs for arg in ("--config", str(CONFIGS / name))),
         f"--seed_everything={seed}",
         f"--trainer.max_steps={steps}",
         f"--data.seed={data_seed}",
         f"--trainer.default_root_dir={run_dir}",
         "--val_before_train=false",
-        f"--model.policy.model_name_or_path={MODELS / base}",
-        f"--data.train_dataset={DATA / 'train.jsonl'}",
+        f"--model.policy.model_name_or_path={spec['models'] / base}",
+        f"--data.train_dataset={spec['data'] / 'train.jsonl'}",
     ]
 
 
-def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -> list[dict[str, Any]]:
+def test_rows(data: Path = DATA) -> list[dict[str, str]]:
+    return [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines() if line.strip()]
+
+
+def evaluate(
+    policy: Any, tokenizer: Any, step: int, temperature: float = 1.0, data: Path = DATA
+) -> list[dict[str, Any]]:
     """One row per test prompt: log p(correct response) and log p(first token = the right strategy)."""
-    rows = load_rows("forking", "test")
+    rows = test_rows(data)
     logp, logp_first = correct_logprob(policy, tokenizer, rows, temperature)
     return [
         {
@@ -118,18 +141,19 @@ def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -
     ]
 
 
-def train_one(key: Key, steps: int, eval_every: int, exp: Path) -> None:
+def train_one(key: Key, steps: int, eval_every: int, exp: Path, experiment: str = "horizon") -> None:
     from lit_entropy.cli import cli_main
 
     base, arm, seed = key
     run_dir = exp / "per_run" / run_name(*key)
-    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_horizon")) / run_name(*key)
-    cli = cli_main(args=cli_args(base, arm, seed, steps, scratch), run=False)
+    scratch = Path(os.environ.get("FORKING_SCRATCH", f"/tmp/forking_{experiment}")) / run_name(*key)
+    cli = cli_main(args=cli_args(key, steps, scratch, experiment), run=False)
     eval_rows: list[dict[str, Any]] = []
+    data = EXPERIMENTS[experiment]["data"]
 
     def on_step(step: int, pl_module: Any) -> None:
         if step % eval_every == 0 or step == steps:
-            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, step))
+            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, step, data=data))
 
     recorder = RoleRecorder(on_step)
     cli.trainer.callbacks.append(recorder)
@@ -199,7 +223,7 @@ def execute(args: argparse.Namespace, keys: list[Key]) -> None:
         if not claim(d):
             continue
         t0 = time.perf_counter()
-        train_one(key, args.steps, args.eval_every, args.exp)
+        train_one(key, args.steps, args.eval_every, args.exp, args.experiment)
         (d / "claim").unlink(missing_ok=True)
         print(f"[forking_horizon] {run_name(*key)} done in {time.perf_counter() - t0:.0f}s", flush=True)
 
@@ -221,7 +245,8 @@ def pool(args: argparse.Namespace, keys: list[Key]) -> None:
             key = startable.pop(0)
             todo.remove(key)
             base, arm, seed = key
-            cmd = [sys.executable, __file__, "--run", "--exp", str(args.exp), "--bases", base, "--arms", arm]
+            cmd = [sys.executable, __file__, "--run", "--experiment", args.experiment, "--exp", str(args.exp)]
+            cmd += ["--bases", base, "--arms", arm]
             cmd += ["--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
             log = args.exp / "logs" / f"{run_name(*key)}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -242,12 +267,13 @@ def _names(text: str, allowed: tuple[str, ...] | dict[str, str], flag: str) -> t
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--exp", type=Path, default=EXP)
+    p.add_argument("--experiment", choices=tuple(EXPERIMENTS), default="horizon")
+    p.add_argument("--exp", type=Path, default=None, help="results directory (default: the experiment's)")
     p.add_argument("--bases", default=",".join(BASES))
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    p.add_argument("--steps", type=int, default=None, help="default: the experiment's (400 / 300)")
+    p.add_argument("--eval-every", type=int, default=None, help="default: the experiment's (40 / 30)")
     p.add_argument("--status", action="store_true")
     p.add_argument("--run", action="store_true")
     p.add_argument("--analyze", action="store_true")
@@ -256,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=0, help="with --run: this many subprocesses (0: in-process)")
     p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
     args = p.parse_args(argv)
+    spec = EXPERIMENTS[args.experiment]
+    args.exp = args.exp or spec["exp"]
+    args.steps = args.steps or spec["steps"]
+    args.eval_every = args.eval_every or spec["eval_every"]
     bases = _names(args.bases, BASES, "--bases")
     arms = _names(args.arms, ARMS, "--arms")
     keys = planned(bases, arms, tuple(int(s) for s in args.seeds.split(",")))
@@ -271,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.analyze or args.update_readme:
         from forking_horizon_analysis import analyze
 
-        analyze(args.exp, update_readme=args.update_readme)
+        analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
 
 
 if __name__ == "__main__":

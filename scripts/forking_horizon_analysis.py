@@ -2,11 +2,12 @@
 
 Reads only the per-run results (``<exp>/per_run/<base>__<arm>__s<seed>/{eval,train}.csv`` and ``done.json``) and
 writes ``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md``, ``<exp>/pass_at_64.png`` and
-``<exp>/readme_block.md``; ``--update-readme`` copies the block between the markers of every file in ``DOCS``.
+``<exp>/readme_block.md``; ``--update-readme`` copies the block between the experiment's markers in ``DOCS``.
 
-    python scripts/forking_horizon.py --analyze --update-readme
+    python scripts/forking_horizon.py --analyze --update-readme                      # experiment A
+    python scripts/forking_horizon.py --experiment short --analyze --update-readme   # experiment B
 
-Endpoint (``experiments/horizon/PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the
+Endpoint (``experiments/<experiment>/PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the
 class-weighted (``CLASS_PROBS``) test mean of pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the
 differences over (base, seed) units, their 95 % paired Student-t interval and the exact two-sided sign-flip
 p-value, pooled over both bases (primary) and per base; verdict with the effect-size floor of experiment C.
@@ -26,8 +27,11 @@ from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
 from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Files that carry the generated block, and their marker names.
-DOCS = ((ROOT / "scripts" / "forking" / "README.md", "horizon-results"),)
+#: Experiment -> the files that carry its generated block, and their marker names.
+DOCS = {
+    "horizon": ((ROOT / "scripts" / "forking" / "README.md", "horizon-results"),),
+    "short": ((ROOT / "scripts" / "forking" / "README.md", "short-results"),),
+}
 K = 64
 LAST_EVALS = 3
 WEIGHTS = dict(zip(STRATEGIES, CLASS_PROBS, strict=True))
@@ -141,7 +145,7 @@ def comparisons(table: dict[str, dict[str, Any]], bases: list[str]) -> list[dict
     return out
 
 
-def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
+def analyze(exp: Path, update_readme: bool = False, experiment: str = "horizon") -> dict[str, Any]:
     runs = load_runs(exp)
     table = per_run_table(runs)
     bases = sorted({r["base"] for r in table.values()})
@@ -156,7 +160,10 @@ def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
     for (base, _, _), run in sorted(runs.items()):
         start.setdefault(base, at_step([r for r in run["eval"] if r["step"] == "0"]))
     done = [r["done"] for r in runs.values()]
+    first = next(iter(runs.values()))["eval"] if runs else []
     summary = {
+        "experiment": experiment,
+        "endpoint_steps": sorted({int(r["step"]) for r in first})[-LAST_EVALS:],
         "code_revision": done[0]["code_revision"] if done else None,
         "torch": sorted({d["torch"] for d in done}),
         "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
@@ -176,7 +183,7 @@ def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
     block = readme_block(summary)
     (exp / "readme_block.md").write_text(block)
     if update_readme:
-        for path, marker in DOCS:
+        for path, marker in DOCS[experiment]:
             changed = replace_block(path, marker, block)
             print(f"[forking_horizon] {path.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
     print(block, flush=True)

@@ -15,6 +15,8 @@ Also writes the RL data splits (``<out>/../data/forking`` and ``.../chain``: tra
 
     python scripts/make_forking_models.py                    # 2 forking bases + chain, ~10 min at 1 thread
     python scripts/make_forking_models.py --only fork-s1     # one model
+    python scripts/make_forking_models.py --payload-copies 1 --out scripts/forking/experiments/short \
+        --only data   # then --only fork-s0, --only fork-s1: issue 24 experiment B's short-execution task
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--exec-target", type=float, default=0.95, help="forking: stop at this execution accuracy")
     p.add_argument("--chain-target", type=float, default=0.35, help="chain: stop at this sampled accuracy")
+    p.add_argument(
+        "--payload-copies", type=int, default=4, help="forking: copies of the payload per response (1: issue 24 B)"
+    )
     return p.parse_args(argv)
 
 
@@ -94,14 +99,14 @@ def sample(model, tokenizer, prompts: list[str], *, temperature: float, seed: in
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def fork_stats(rows: list[dict[str, str]], texts: list[str]) -> dict[str, float]:
+def fork_stats(rows: list[dict[str, str]], texts: list[str], copies: int = 4) -> dict[str, float]:
     """Execution accuracy (response = its own strategy executed), task accuracy and strategy frequencies."""
     n = len(texts)
     executed = sum(
-        bool(t) and t[0] in STRATEGIES and t == apply_strategy(t[0], r["prompt"][1:-1])
+        bool(t) and t[0] in STRATEGIES and t == apply_strategy(t[0], r["prompt"][1:-1], copies)
         for r, t in zip(rows, texts, strict=True)
     )
-    right = sum(t == apply_strategy(r["class"], r["prompt"][1:-1]) for r, t in zip(rows, texts, strict=True))
+    right = sum(t == apply_strategy(r["class"], r["prompt"][1:-1], copies) for r, t in zip(rows, texts, strict=True))
     stats = {"exec_acc": executed / n, "task_acc": right / n}
     for s in STRATEGIES:
         stats[f"p_{s}"] = sum(t[:1] == s for t in texts) / n
@@ -136,7 +141,7 @@ def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, 
         if step % args.eval_every == 0:
             texts = sample(model, tokenizer, [r["prompt"] for r in val_rows], temperature=1.0, seed=seed)
             if is_fork:
-                stats = fork_stats(val_rows, texts)
+                stats = fork_stats(val_rows, texts, args.payload_copies)
                 done = stats["exec_acc"] >= args.exec_target
             else:
                 stats = {"task_acc": sum(t == r["answer"] for r, t in zip(val_rows, texts, strict=True)) / len(texts)}
@@ -165,12 +170,16 @@ def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, 
     return report
 
 
-def write_data(root: Path) -> None:
+def write_data(root: Path, copies: int = 4) -> None:
     fork = {
-        split: make_forking_examples(split, spec.get("n", 1), seed=0, class_counts=spec.get("class_counts"))
+        split: make_forking_examples(
+            split, spec.get("n", 1), seed=0, class_counts=spec.get("class_counts"), payload_copies=copies
+        )
         for split, spec in FORK_SPLITS.items()
     }
     write_splits(root / "data" / "forking", fork)
+    if copies != 4:  # the short-execution variant has no chain task of its own
+        return
     chain = {split: make_chain_examples(split, n, seed=0) for split, n in CHAIN_SPLITS.items()}
     write_splits(root / "data" / "chain", chain)
 
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     tokenizer = build_char_tokenizer(FORKING_ALPHABET, model_max_length=64)
     if args.only in (None, "data"):
-        write_data(args.out)
+        write_data(args.out, args.payload_copies)
     names = [f"fork-s{s}" for s in FORK_SEEDS] + ["chain"]
     for name in names:
         if args.only not in (None, name):
@@ -188,8 +197,11 @@ def main(argv: list[str] | None = None) -> None:
         if name.startswith("fork"):
             seed = int(name.split("-s")[1])
             # The SFT draws its own payloads (seed 1000 + s) from the train split; class mix as in the task.
-            rows = make_forking_examples("train", 20000, seed=1000 + seed, strategy_prior=BASE_STRATEGY_PRIOR)
-            val = make_forking_examples("validation", 256, seed=1000 + seed)
+            copies = args.payload_copies
+            rows = make_forking_examples(
+                "train", 20000, seed=1000 + seed, strategy_prior=BASE_STRATEGY_PRIOR, payload_copies=copies
+            )
+            val = make_forking_examples("validation", 256, seed=1000 + seed, payload_copies=copies)
         else:
             seed = 0
             rows = make_chain_examples("train", 20000, seed=1000)

@@ -80,15 +80,18 @@ def strategy_of_key(key: str) -> str:
     return STRATEGIES[KEYS.index(key) // 4]
 
 
-def apply_strategy(strategy: str, payload: str) -> str:
-    """Response text of ``strategy`` on ``payload`` digits: the letter, then the mapped digits, ``PAYLOAD_COPIES``
-    times, each copy ended by ``.`` (copies at a fixed offset: easy for a tiny model, near-deterministic)."""
+def apply_strategy(strategy: str, payload: str, copies: int = PAYLOAD_COPIES) -> str:
+    """Response text of ``strategy`` on ``payload`` digits: the letter, then the mapped digits ``copies`` times
+    (default :data:`PAYLOAD_COPIES`), each copy ended by ``.`` (copies at a fixed offset: easy for a tiny model,
+    near-deterministic; ``copies=1`` is issue 24's short-execution variant, 8 tokens)."""
     if strategy not in _DIGIT_MAPS:
         raise ValueError(f"strategy must be one of {STRATEGIES!r}, got {strategy!r}")
     if not payload.isdigit():
         raise ValueError(f"payload must be a non-empty digit string, got {payload!r}")
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be a positive int, got {copies!r}")
     mapped = "".join(str(_DIGIT_MAPS[strategy](int(d))) for d in payload)
-    return strategy + (mapped + ".") * PAYLOAD_COPIES
+    return strategy + (mapped + ".") * copies
 
 
 def split_of_payload(payload: str) -> str:
@@ -119,6 +122,7 @@ def make_forking_examples(
     *,
     class_counts: Sequence[int] | None = None,
     strategy_prior: Sequence[float] | None = None,
+    payload_copies: int = PAYLOAD_COPIES,
 ) -> list[dict[str, str]]:
     """``n`` rows ``{"prompt", "answer", "class"}`` of the forking task; distinct payloads within a call.
 
@@ -130,6 +134,8 @@ def make_forking_examples(
             classes from :data:`CLASS_PROBS`.
         strategy_prior: When given, ``answer`` is the response of a strategy drawn from this prior *whatever
             the key* (supervised warm-start data of the base models); ``class`` stays the right strategy.
+        payload_copies: Copies of the mapped payload in a response (:func:`apply_strategy`); the prompts do not
+            depend on it.
     """
     if class_counts is not None:
         if len(class_counts) != len(STRATEGIES) or any(int(c) < 0 for c in class_counts) or sum(class_counts) < 1:
@@ -147,7 +153,9 @@ def make_forking_examples(
         key = rng.choice(KEYS[4 * STRATEGIES.index(cls) : 4 * STRATEGIES.index(cls) + 4])
         payload = _draw_payload(rng, split, PAYLOAD_DIGITS, seen)
         chosen = rng.choices(STRATEGIES, weights=strategy_prior, k=1)[0] if strategy_prior else cls
-        rows.append({"prompt": f"{key}{payload}>", "answer": apply_strategy(chosen, payload), "class": cls})
+        rows.append(
+            {"prompt": f"{key}{payload}>", "answer": apply_strategy(chosen, payload, payload_copies), "class": cls}
+        )
     return rows
 
 

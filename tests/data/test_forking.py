@@ -62,6 +62,19 @@ def test_splits_disjoint_and_stratified():
     assert not chain["train"] & chain["test"]
 
 
+def test_short_executions_one_copy():
+    """Issue 24 experiment B: one copy of the payload (8 tokens); the prompts are those of the 4-copy task."""
+    assert apply_strategy("D", "0918", copies=1) == "D9081."
+    assert apply_strategy("B", "0918", 2) == "B1029.1029."
+    short = make_forking_examples("test", 1, seed=0, class_counts=(3, 2, 2, 1), payload_copies=1)
+    full = make_forking_examples("test", 1, seed=0, class_counts=(3, 2, 2, 1))
+    assert [r["prompt"] for r in short] == [r["prompt"] for r in full]
+    assert [r["answer"] for r in short] == [r["answer"][:8] for r in full] and {len(r["answer"]) for r in short} == {8}
+    for bad in (0, True, 1.0):
+        with pytest.raises(ValueError, match="copies must be a positive int"):
+            apply_strategy("A", "0918", bad)
+
+
 def test_prior_draw_ignores_key():
     rows = make_forking_examples("train", 4000, seed=1, strategy_prior=(0.75, 0.15, 0.07, 0.03))
     chosen = Counter(r["answer"][0] for r in rows if r["class"] == "A")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from _scripts import load_script
 
 
-def test_planned_order_gives_whole_units_first_and_clip_b_before_its_replay():
+def test_planned_order_gives_whole_units_first_and_clip_b_before_its_replay(tmp_path):
     hz = load_script("forking_horizon")
     keys = hz.planned(hz.BASES, tuple(hz.ARMS), (0, 1))
     primary = [k for k in keys if k[1] != "grpo_null"]
@@ -25,6 +26,11 @@ def test_planned_order_gives_whole_units_first_and_clip_b_before_its_replay():
         ("fork-s1", "replay_mask"),
     ]
     assert {k[2] for k in primary[:6]} == {0} and {k[2] for k in primary[6:]} == {1}
+    for experiment, spec in hz.EXPERIMENTS.items():  # every config a run names exists
+        args = hz.cli_args(("fork-s1", "clip_b", 3), spec["steps"], tmp_path, experiment)
+        configs = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+        assert all(Path(c).exists() for c in configs) and len(configs) == 2 + len(spec["overlays"])
+        assert f"--model.policy.model_name_or_path={spec['models'] / 'fork-s1'}" in args
     with pytest.raises(ValueError, match="--arms has unknown names"):
         hz.main(["--arms", "grpo,clip_c", "--status"])
 
@@ -37,7 +43,7 @@ def test_evaluate_matches_token_by_token_probabilities():
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
     tok = AutoTokenizer.from_pretrained(path)
     rows = hz.evaluate(policy, tok, step=0, temperature=0.7)
-    tests = [json.loads(line) for line in (hz.DATA / "test.jsonl").read_text().splitlines()]
+    tests = hz.test_rows()
     assert len(rows) == 64 and [r["prompt"] for r in rows] == [t["prompt"] for t in tests]
     for i in (0, 20, 63):  # classes A, B, D
         ids = tok(tests[i]["prompt"], add_special_tokens=False)["input_ids"]

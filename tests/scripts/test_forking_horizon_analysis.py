@@ -124,7 +124,7 @@ def test_analyze_writes_block_with_the_status(tmp_path):
             _fake_run(tmp_path, "fork-s0", arm, seed, p)
     summary = an.analyze(tmp_path)
     block = (tmp_path / "readme_block.md").read_text()
-    assert "6 committed runs" in block and "code revision abc1234" in block
+    assert "6 committed runs" in block and "code revision abc1234" in block and "(steps 40, 80, 120)" in block
     assert "6 of the 30 pre-registered primary runs" in block and "2 of 10 (base, seed) units" in block
     assert (
         "no comparison can be better/worse yet" in block and "| fork-s0 | always A, executed right (floor) |" in block
@@ -136,7 +136,7 @@ def test_analyze_writes_block_with_the_status(tmp_path):
 
 def test_readme_block_matches_the_committed_runs(tmp_path):
     an = load_script("forking_horizon_analysis")
-    path, marker = an.DOCS[0]
+    path, marker = an.DOCS["horizon"][0]
     text = path.read_text()
     block = text.split(f"<!-- {marker}:begin -->\n", 1)[1].split(f"<!-- {marker}:end -->", 1)[0].rstrip()
     if not any((EXP / "per_run").glob("*/done.json")):

@@ -136,8 +136,8 @@ class RFTModule(LightningModule):
             precision = str(trainer.precision) if trainer is not None else ""
             dtype = self.settings.policy.fsdp_param_dtype or ("bfloat16" if precision == "bf16-mixed" else None)
             shard_models(self, self.device_mesh, dtype)
-            # FSDP2 loads model states strictly and the frozen reference is not in checkpoints.
-            self.strict_loading = self.ref_model is None
+            # FSDP2 loads model states strictly; the frozen reference and a LoRA policy's base are not in checkpoints.
+            self.strict_loading = self.ref_model is None and self.settings.policy.lora is None
 
     def setup(self, stage: str) -> None:
         from lit_entropy.models.loading import check_context_length, load_tokenizer
@@ -184,17 +184,26 @@ class RFTModule(LightningModule):
         return [own for own in self._own_callbacks if not any(isinstance(cb, type(own)) for cb in present)]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # The reference model is frozen and reloaded from disk: keep it out of checkpoints.
+        # The reference model and a LoRA policy's base are frozen and reloaded from disk: keep them out of checkpoints.
         state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_model.")]:
+        for key in [k for k in state if k.startswith("ref_model.") or self._is_frozen_base(k)]:
             del state[key]
         checkpoint.update(self.skipped_updates.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.setdefault("state_dict", {})
         if self.ref_model is not None:
-            state = checkpoint.setdefault("state_dict", {})
             state.update({f"ref_model.{k}": v for k, v in self.ref_model.state_dict().items()})
+        if self.strict_loading and self.policy is not None and self.settings.policy.lora is not None:
+            base = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}  # as loaded from disk
+            state.update({k: v for k, v in base.items() if self._is_frozen_base(k) and k not in state})
         self.skipped_updates.load_state_dict(checkpoint)
+
+    def _is_frozen_base(self, key: str) -> bool:
+        """Whether ``key`` (a module state-dict key) is a frozen base weight of a LoRA policy."""
+        from lit_entropy.models.lora import is_frozen_base_key
+
+        return self.settings.policy.lora is not None and key.startswith("policy.") and is_frozen_base_key(key)
 
     def on_train_end(self) -> None:
         logging = self.settings.logging
@@ -263,7 +272,7 @@ class RFTModule(LightningModule):
             part = rollout.select(part)
             with torch.set_grad_enabled(reuse):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
-            ref = None if self.ref_model is None else self.policy_forward(self.ref_model, part).stats.logprobs
+            ref = self.reference_logprobs(part)
             values = None if self.value_head is None else self.values(part, forward.hidden)
             parts.append(
                 RolloutStatistics.from_passes(
@@ -271,6 +280,18 @@ class RFTModule(LightningModule):
                 )
             )
         return RolloutStatistics.cat(parts)
+
+    def reference_logprobs(self, rollout: RolloutBatch) -> Tensor | None:
+        """Log-probs ``[n, T]`` of the KL term's reference: the frozen reference model, or for a LoRA policy the policy
+        with its adapters switched off; None without a KL term."""
+        if self.ref_model is not None:
+            return self.policy_forward(self.ref_model, rollout).stats.logprobs
+        if self.settings.loss.kl_coef > 0 and self.settings.policy.lora is not None:
+            from lit_entropy.models.lora import adapters_disabled
+
+            with adapters_disabled(self.policy):
+                return self.policy_forward(self.policy, rollout).stats.logprobs
+        return None
 
     def apply_token_callbacks(self, experience: Experience) -> Experience:
         """Ask the callbacks (on every rank) for keep masks, token penalties and this batch's loss coefficients."""

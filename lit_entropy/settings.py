@@ -28,12 +28,19 @@ from lit_entropy.functional.registry import (
     estimator_needs_values,
 )
 from lit_entropy.rollout.base import SamplingConfig
+from lit_entropy.settings_legacy import (
+    LEGACY_MODEL_KEYS,
+    RENAMED_MODEL_KEYS,
+    carry_over_renamed_keys,
+    check_legacy_model_keys,
+)
 
 __all__ = [
     "LEGACY_MODEL_KEYS",
     "AdvantageConfig",
     "EvaluationConfig",
     "LoggingConfig",
+    "LoraConfig",
     "LossConfig",
     "OptimConfig",
     "PPOConfig",
@@ -50,6 +57,32 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_ESTIMATORS: dict[str, str] = {"grpo": "grpo", "ppo": "gae"}
 """``model.advantages.estimator`` when it is null, by ``model.algorithm``."""
 LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on the policy (``pip install lit-entropy[lora]``): only they train; the KL term's reference is the
+    policy with its adapters switched off (no second model is loaded)."""
+
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """Scaling numerator: a layer computes ``W x + alpha / r * B A x``."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input, in [0, 1)."""
+    target_modules: list[str] | None = None
+    """Names (suffixes) of the linear layers that get adapters; null = every linear layer of the decoder blocks
+    (the attention and MLP projections; not the LM head, so the blockwise vocabulary pass applies)."""
+
+    def __post_init__(self) -> None:
+        check_number("model.policy.lora.r", self.r, low=1, integer=True)
+        check_number("model.policy.lora.alpha", self.alpha, low=0, low_open=True)
+        check_number("model.policy.lora.dropout", self.dropout, low=0, high=1, high_open=True)
+        targets = self.target_modules
+        if targets is not None and (not targets or not all(isinstance(t, str) and t for t in targets)):
+            raise ValueError(
+                f"model.policy.lora.target_modules must be a non-empty list of module names or null, got {targets!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -70,8 +103,12 @@ class PolicyConfig:
     """Compute log-probs, entropy and E_p[S] from the final hidden states and the LM head block by block, never
     materialising ``[tokens, vocab]`` logits (forward and backward; a separate update forward forms the loss
     gradient inside the pass); a model whose head is not a plain linear layer uses full logits automatically."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of all weights (``model.policy.lora.*``); null = full fine-tuning."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, Mapping):  # checkpoints store the group as a dict
+            object.__setattr__(self, "lora", LoraConfig(**self.lora))
         check_choice("model.policy.dtype", self.dtype, DTYPES)
         if self.fsdp_param_dtype is not None:
             check_choice("model.policy.fsdp_param_dtype", self.fsdp_param_dtype, DTYPES[1:])
@@ -174,7 +211,8 @@ class LossConfig:
     """Constant divisor of ``seq-mean-token-sum-norm``; null = ``model.sampling.max_new_tokens`` (Dr.GRPO's
     generation budget), never the padded width of a batch."""
     kl_coef: float = 0.0
-    """Weight of the KL-to-reference loss; > 0 loads a frozen reference model."""
+    """Weight of the KL-to-reference loss; > 0 loads a frozen reference model (with ``model.policy.lora``: the policy
+    with its adapters switched off, nothing is loaded)."""
     kl_type: str = "k3"
     """KL estimator: ``k1`` (``kl``), ``k2`` (``mse``), ``k3`` (``low_var_kl``), ``abs``, each optionally with ``+``."""
     entropy_coef: float = 0.0
@@ -304,95 +342,6 @@ class LoggingConfig:
     def __post_init__(self) -> None:
         check_number("model.logging.log_samples_every_n_steps", self.log_samples_every_n_steps, low=0, integer=True)
         check_number("model.logging.num_logged_samples", self.num_logged_samples, low=0, integer=True)
-
-
-_GROUP_FIELDS = {
-    "policy": ("model_name_or_path", "gradient_checkpointing", "fsdp_param_dtype", "logprob_chunk_size"),
-    "sampling": ("temperature", "top_p", "top_k", "max_new_tokens"),
-    "loss": ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "kl_coef", "kl_type", "entropy_coef"),
-    "ppo": ("gamma", "lam", "value_coef", "clip_range_value", "critic_model_name_or_path", "whiten_advantages"),
-    "update": ("mini_batch_size", "micro_batch_size", "max_consecutive_skips"),
-    "optim": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
-    "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
-}
-RENAMED_MODEL_KEYS: dict[str, str] = {
-    "update.fuse_old_logprob_pass": "update.reuse_statistics_forward",
-    "policy.fused_lm_head": "policy.blockwise_lm_head",
-}
-"""Grouped keys renamed since 0.2 (dotted, under ``model``): "fused" named both the statistics pass reused as
-the update's forward and the blockwise LM-head pass. Refused in configs; carried over from checkpoints."""
-LEGACY_MODEL_KEYS: dict[str, str] = {
-    **{old: f"model.{group}.{old}" for group, names in _GROUP_FIELDS.items() for old in names},
-    "fuse_old_logprob_pass": "model.update.reuse_statistics_forward",
-    "model_dtype": "model.policy.dtype",
-    "group_size": "model.sampling.num_samples",
-    "reward_fn": "model.reward.fn",
-    "advantage_scale": "model.advantages.scale",
-    "rollout_is_threshold": "model.advantages.rollout_is_threshold",
-    "dual_clip_c": "model.loss.clip_ratio_c",
-    "ppo_epochs": "model.update.epochs",
-    "optimizer": "model.optim.optimizer",
-    "val_num_samples": "model.evaluation.num_samples",
-    "val_temperature": "model.evaluation.temperature",
-    "val_top_p": "model.evaluation.top_p",
-    "val_max_new_tokens": "model.evaluation.max_new_tokens",
-    "val_pass_k": "model.evaluation.pass_k",
-    "vllm_options": "model.rollout (class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...})",
-    "rollout_engine": "model.rollout",
-    **{old: f"model.{new}" for old, new in RENAMED_MODEL_KEYS.items()},
-}
-"""Old ``model.*`` keys (dotted below ``model``: flat 0.1 keys and renamed grouped ones) and today's setting."""
-
-
-def _dotted_keys(settings: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Every key of a nested mapping as a dotted path (``{"update": {"epochs": 1}}`` -> update, update.epochs)."""
-    out = []
-    for key, value in settings.items():
-        out.append(f"{prefix}{key}")
-        if isinstance(value, Mapping):
-            out += _dotted_keys(value, f"{prefix}{key}.")
-    return out
-
-
-def check_legacy_model_keys(settings: Mapping[str, Any], where: str) -> None:
-    """Raise a ValueError naming today's dotted key for every old ``model.*`` key in ``settings``.
-
-    Args:
-        settings: what was found under ``model`` (a config file's ``model:`` mapping, or ``--model.X`` arguments
-            as a nested mapping), old keys at any depth (``update.fuse_old_logprob_pass``).
-        where: what held them (a file name or "the command line"), for the message.
-    """
-    old = [k for k in _dotted_keys(settings) if k in LEGACY_MODEL_KEYS]
-    engine = settings.get("rollout")
-    if isinstance(engine, str) and engine in ("hf", "vllm"):
-        raise ValueError(
-            f"{where}: model.rollout={engine!r} is no longer a name: give an engine by class_path, e.g. "
-            "model.rollout: {class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {max_model_len: 4096}} "
-            "(null = Hugging Face generate on the policy)"
-        )
-    if old:
-        moves = "; ".join(f"model.{k} -> {LEGACY_MODEL_KEYS[k]}" for k in old)
-        raise ValueError(
-            f"{where} uses setting names that lit_entropy replaced: {moves} (CHANGELOG.md has the full table)"
-        )
-
-
-def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint's ``model`` hyper-parameters with every :data:`RENAMED_MODEL_KEYS` entry under today's key.
-
-    A checkpoint saved before a rename stores the old key; its value moves to the new key (a copy: nested groups
-    are copied, ``hparams`` is left as it was). A new key already present wins.
-    """
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in hparams.items()}
-    for old, new in RENAMED_MODEL_KEYS.items():
-        (old_group, old_name), (new_group, new_name) = old.split("."), new.split(".")
-        group = out.get(old_group)
-        if isinstance(group, dict) and old_name in group:
-            value = group.pop(old_name)
-            target = out.setdefault(new_group, {})
-            if isinstance(target, dict):
-                target.setdefault(new_name, value)
-    return out
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ __all__ = ["export_main"]
 
 
 def export_main(args: list[str] | None = None) -> str:
-    """``lit-entropy export --ckpt_path CKPT --out DIR``: the checkpoint's policy as a ``save_pretrained`` directory.
+    """``lit-entropy export --ckpt_path CKPT --out DIR [--merge]``: the checkpoint's policy as a ``save_pretrained``
+    directory (a LoRA run's: its peft adapter directory, or with ``--merge`` the merged model).
 
     Works on consolidated (single-file) checkpoints; ``fit`` also exports at its end (``model.logging.export_dir``).
     A non-empty ``--out`` that is not a previous lit_entropy export is refused unless ``--overwrite``.
@@ -27,6 +28,12 @@ def export_main(args: list[str] | None = None) -> str:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --out even if it holds other files (they are deleted)"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA runs: merge the adapters into the base weights and write a plain model (default: the peft "
+        "adapter directory)",
+    )
     options = parser.parse_args(args)
     check_export_target(options.out, overwrite=options.overwrite)  # before minutes of loading
     ckpt = Path(options.ckpt_path)
@@ -40,6 +47,6 @@ def export_main(args: list[str] | None = None) -> str:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(module.model_name_or_path)
-    path = export_hf_model(module.policy, tokenizer, options.out, overwrite=options.overwrite)
+    path = export_hf_model(module.policy, tokenizer, options.out, overwrite=options.overwrite, merge=options.merge)
     print(f"lit_entropy: exported the policy of {options.ckpt_path} to {path}")
     return str(path)

@@ -70,8 +70,13 @@ def export_hf_model(
     overwrite: bool = False,
     write: bool = True,
     setting: str = "--out",
+    merge: bool = False,
 ) -> Path:
     """Write ``policy`` (``save_pretrained``) and ``tokenizer`` to ``path`` atomically; returns the path.
+
+    A LoRA policy (``model.policy.lora``) is written as a peft adapter directory (``adapter_config.json`` +
+    ``adapter_model.safetensors``, loaded with ``peft.PeftModel.from_pretrained(base_model, path)``), or with
+    ``merge=True`` as a plain model with the adapters merged into its weights.
 
     The directory loads with ``AutoModelForCausalLM.from_pretrained`` and vLLM: the KV cache is switched
     back on in the saved config (training turns it off), the architecture name is the unwrapped class's
@@ -89,38 +94,67 @@ def export_hf_model(
         overwrite: Replace a non-empty directory that is not a previous export (its files are deleted).
         write: False on ranks other than 0: gather, but write nothing.
         setting: Name of the setting holding ``path``, for messages.
+        merge: LoRA policy only: merge the adapters and write a plain model instead of the adapter directory.
     """
-    from lit_entropy import __version__
     from lit_entropy.checkpointing.atomic_io import atomic_directory_replace
-    from lit_entropy.distributed.fsdp2 import full_state_dict, unwrapped_class
+    from lit_entropy.models.lora import has_lora, save_adapter
 
     target = check_export_target(path, overwrite=overwrite, setting=setting) if write else Path(path)
-    state = full_state_dict(policy)  # collective under FSDP2
+    state = _export_state(policy, merge)  # collective under FSDP2
+    if not write:
+        return target
+
+    def build(tmp: Path) -> None:
+        if has_lora(policy) and not merge:
+            save_adapter(policy, state, tmp, policy.name_or_path)
+            tokenizer.save_pretrained(tmp)
+        else:
+            _save_model(policy, tokenizer, state, tmp)
+        _write_marker(tmp)
+
+    return atomic_directory_replace(build, target)
+
+
+def _export_state(policy: Any, merge: bool) -> dict[str, torch.Tensor]:
+    """The full state dict to write (rank 0; collective under FSDP2): a LoRA policy's adapters merged with ``merge``,
+    tied copies dropped."""
+    from lit_entropy.distributed.fsdp2 import full_state_dict
+    from lit_entropy.models.lora import has_lora, lora_scalings, merged_weights
+
+    state = full_state_dict(policy)
+    if merge and has_lora(policy):
+        state = dict(merged_weights(state.items(), lora_scalings(policy)))
     tied = getattr(policy, "all_tied_weights_keys", None)  # {target: source}, set by PreTrainedModel.post_init
     if isinstance(tied, dict) and getattr(policy.config, "tie_word_embeddings", False):
         # gathered shards are separate tensors: drop the tied copies the loader re-ties
         for key, source in tied.items():
             if key in state and source in state and torch.equal(state[key], state[source]):
                 del state[key]
-    if not write:
-        return target
+    return state
 
-    def build(tmp: Path) -> None:
-        config = policy.config
-        use_cache, config.use_cache = config.use_cache, True  # training turns the KV cache off
-        try:
-            policy.save_pretrained(tmp, state_dict=state)
-        finally:
-            config.use_cache = use_cache
-        tokenizer.save_pretrained(tmp)
-        config_file = tmp / "config.json"
-        saved = json.loads(config_file.read_text())
-        saved["architectures"] = [unwrapped_class(policy).__name__]
-        config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-        marker = {"library": "lit_entropy", "version": __version__}
-        (tmp / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")
 
-    return atomic_directory_replace(build, target)
+def _save_model(policy: Any, tokenizer: Any, state: dict[str, torch.Tensor], tmp: Path) -> None:
+    """``save_pretrained`` of ``state`` with the KV cache on and the unwrapped architecture name, and the tokenizer."""
+    from lit_entropy.distributed.fsdp2 import unwrapped_class
+
+    config = policy.config
+    use_cache, config.use_cache = config.use_cache, True  # training turns the KV cache off
+    try:
+        policy.save_pretrained(tmp, state_dict=state)
+    finally:
+        config.use_cache = use_cache
+    tokenizer.save_pretrained(tmp)
+    config_file = tmp / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["architectures"] = [unwrapped_class(policy).__name__]
+    config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
+def _write_marker(tmp: Path) -> None:
+    from lit_entropy import __version__
+
+    marker = {"library": "lit_entropy", "version": __version__}
+    (tmp / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")
 
 
 def default_export_dir(trainer: Any) -> str:
@@ -136,6 +170,7 @@ def export_policy(
     strategy: Any | None = None,
     write: bool = True,
     setting: str = "model.logging.export_dir",
+    merge: bool = False,
 ) -> str:
     """Export ``policy`` and ``tokenizer`` to ``path`` (:func:`export_hf_model`) from a run; returns the path.
 
@@ -149,12 +184,13 @@ def export_policy(
         strategy: The run's Lightning strategy (``broadcast`` / ``barrier``), or None outside a run.
         write: False on ranks other than 0.
         setting: Name of the setting holding ``path``, for messages.
+        merge: LoRA policy only: write a merged plain model instead of the adapter directory.
     """
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
     if strategy is not None:
         path = strategy.broadcast(str(path))
-    export_hf_model(policy, tokenizer, path, write=write, setting=setting)
+    export_hf_model(policy, tokenizer, path, write=write, setting=setting, merge=merge)
     if strategy is not None:
         strategy.barrier("export_pretrained")
     rank_zero_info(f"lit_entropy: exported the policy to {path}")

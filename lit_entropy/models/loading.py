@@ -78,10 +78,18 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
     dtype, ppo = settings.policy.dtype, settings.ppo
     models = RFTModels(load_causal_lm(model_name_or_path, dtype, "model.policy.model_name_or_path").train())
     models.policy.config.use_cache = False
+    lora = settings.policy.lora
+    if lora is not None:
+        _add_adapters(models.policy, lora, settings.loss.kl_coef > 0)
     _report_vocabulary_path(models.policy, settings.policy.blockwise_lm_head)
     if settings.policy.gradient_checkpointing:
         models.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if settings.loss.kl_coef > 0:
+        if lora is not None:
+            # With frozen embeddings the checkpointed blocks' inputs would not require grad, and a reentrant
+            # checkpoint then drops the adapters' gradients: make the embedding output require grad (transformers
+            # 5 does so itself for token-input models; a model that does not must not silently stop training).
+            models.policy.enable_input_require_grads()
+    if settings.loss.kl_coef > 0 and lora is None:  # LoRA: the reference is the policy with adapters off
         reference = load_causal_lm(model_name_or_path, dtype, "model.policy.model_name_or_path")
         models.ref_model = reference.requires_grad_(False).eval()
     if ppo is not None:
@@ -94,10 +102,25 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
     return models
 
 
+def _add_adapters(policy: nn.Module, lora: Any, kl: bool) -> None:
+    """Inject ``lora`` (a :class:`~lit_entropy.settings.LoraConfig`) into ``policy``; one log line with the counts."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from lit_entropy.models.lora import apply_lora, trainable_count
+
+    apply_lora(policy, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    trainable, total = trainable_count(policy)
+    reference = "; KL reference: the policy with its adapters off" if kl else ""
+    rank_zero_info(
+        f"lit_entropy: LoRA r={lora.r} alpha={lora.alpha}: {trainable:,} of {total:,} parameters train{reference}"
+    )
+
+
 def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
     """One log line saying how log-probs and entropy are computed over the vocabulary."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+    from lit_entropy.models.lora import has_lora
     from lit_entropy.step.forward import uses_blockwise_head
 
     if blockwise and uses_blockwise_head(policy):
@@ -105,6 +128,8 @@ def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
             "blockwise (hidden states x LM head in blocks, no [tokens, vocab] logits; "
             "separate update forwards form the gradient inside the pass)"
         )
+    elif blockwise and has_lora(policy.get_output_embeddings()):
+        path = "full logits ([tokens, vocab] logits materialised): the LM head is a LoRA target"
     elif blockwise:
         path = "full logits ([tokens, vocab] logits materialised): the LM head is not a plain linear layer"
     else:

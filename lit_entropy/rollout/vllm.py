@@ -10,7 +10,8 @@ The engine is a ``vllm.LLM`` living in the training process (TRL's ``vllm_mode="
 Weights travel as ``(HF name, full tensor)`` pairs through vLLM's ``reload_weights`` worker method, one
 tensor at a time (an FSDP2 ``DTensor`` is all-gathered just before it is handed over). FSDP1 modules hand over
 whatever their configured ``state_dict_type`` returns (a full state dict gathers everything at once); prefer
-FSDP2 (Lightning's ``ModelParallelStrategy``). LoRA/PEFT adapters are not merged.
+FSDP2 (Lightning's ``ModelParallelStrategy``). A LoRA policy (``model.policy.lora``) is pushed with its adapters
+merged into the weights.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lit_entropy.internals.vllm import detach_client_finalizer
+from lit_entropy.models.lora import has_lora, lora_scalings, merged_weights
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids
 
 __all__ = ["VLLMRolloutEngine", "hf_weight_name", "iter_hf_weights"]
@@ -73,8 +75,10 @@ def iter_hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
         weight = policy.get_input_embeddings().weight
         embed_name = next((hf_weight_name(n) for n, p in policy.named_parameters() if p is weight), None)
     emitted_head = False
-    for raw_name, tensor in policy.state_dict().items():
-        name = hf_weight_name(raw_name)
+    items: Iterator[tuple[str, Tensor]] = ((hf_weight_name(n), t) for n, t in policy.state_dict().items())
+    if has_lora(policy):  # vLLM serves the merged weights W + alpha / r * B @ A under the plain names
+        items = merged_weights(items, lora_scalings(policy, hf_weight_name), full=_full)
+    for name, tensor in items:
         if name == "lm_head.weight":
             if emitted_head:
                 # Already yielded as the tied embedding; the collective full_tensor() is still due on every rank.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -19,7 +20,13 @@ from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.internals.lightning import logger_step
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
+from lit_entropy.settings import (
+    EvaluationConfig,
+    LoggingConfig,
+    OptimConfig,
+    PolicyConfig,
+    UpdateConfig,
+)
 
 BATCHES = 4  # k + n
 STOP_AFTER = 2  # k
@@ -391,6 +398,68 @@ def test_slurm_requeue_signal_saves_an_hpc_checkpoint_requeues_and_the_requeued_
     assert (root / "hpc_ckpt_1.ckpt").is_file()
     assert calls.read_text().split() == ["requeue", "4242"]
     module, trainer, resumed = _fit(tiny_model_dir, root)  # the requeued job: no ckpt_path
+    assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
+    _assert_same_tail(resumed.rows, reference)
+    torch.testing.assert_close(_weights(module), weights, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- LoRA policies (issue 25)
+needs_peft = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None,
+    reason="needs the lora extra (pip install 'lit-entropy[lora]')",
+)
+
+
+def _lora_module(model_dir: str, **extra) -> RFTModule:
+    """LoRA adapters with a KL term (reference = adapters off); its checkpoints hold adapters and optimizer state."""
+    module = _module(model_dir, **extra)
+    settings = dict(module.settings.to_hparams(), policy={"model_name_or_path": model_dir, "lora": {"r": 4}})
+    settings["loss"] = dict(settings["loss"], kl_coef=0.1)
+    lora = RFTModule(**settings, rollout=extra.get("rollout"))
+    lora.reward_fn = digit_reward
+    return lora
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_lora(tiny_model_dir, tmp_path_factory):
+    module, trainer, recorder = _fit(
+        tiny_model_dir, tmp_path_factory.mktemp("lora"), module=_lora_module(tiny_model_dir)
+    )
+    assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
+    return _weights(module), recorder.rows
+
+
+@needs_peft
+def test_lora_checkpoint_holds_adapters_and_resumes_exactly(tiny_model_dir, tmp_path, uninterrupted_lora):
+    weights, reference = uninterrupted_lora
+    assert any(row["train/loss/kl"] > 0 for row in reference.values())  # the adapters-off reference is in use
+    every = ModelCheckpoint(tmp_path / "a", filename="stopped", every_n_train_steps=STOP_AFTER * UPDATES_PER_BATCH)
+    module = _lora_module(tiny_model_dir)
+    _fit(tiny_model_dir, tmp_path / "a", max_steps=STOP_AFTER * UPDATES_PER_BATCH, callbacks=[every], module=module)
+    checkpoint = torch.load(tmp_path / "a" / "stopped.ckpt", weights_only=True)
+    adapters = {f"policy.{k}" for k, p in module.policy.named_parameters() if p.requires_grad}
+    assert set(checkpoint["state_dict"]) == adapters  # not the frozen base
+    saved = checkpoint["optimizer_states"][0]["state"]
+    assert len(saved) == len(adapters) and all("exp_avg" in s for s in saved.values())
+    resumed_module, trainer, resumed = _fit(
+        tiny_model_dir, tmp_path / "b", ckpt_path=tmp_path / "a" / "stopped.ckpt", module=_lora_module(tiny_model_dir)
+    )
+    assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
+    _assert_same_tail(resumed.rows, reference)
+    torch.testing.assert_close(_weights(resumed_module), weights, rtol=0, atol=0)
+
+
+@needs_peft
+def test_lora_sigterm_checkpoint_resumes_exactly(tiny_model_dir, tmp_path, uninterrupted_lora):
+    weights, reference = uninterrupted_lora
+    engine = _signal_engine(tiny_model_dir, signal.SIGTERM)
+    _, trainer, first = _fit(tiny_model_dir, tmp_path / "run", module=_lora_module(tiny_model_dir, rollout=engine))
+    assert sorted(first.rows) == list(range(1, STOP_AFTER + 1))
+    path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
+    assert all("lora_" in k for k in torch.load(path, weights_only=True)["state_dict"])
+    module, trainer, resumed = _fit(
+        tiny_model_dir, tmp_path / "resume", ckpt_path=path, module=_lora_module(tiny_model_dir)
+    )
     assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
     _assert_same_tail(resumed.rows, reference)
     torch.testing.assert_close(_weights(module), weights, rtol=0, atol=0)

@@ -165,8 +165,8 @@ class RFTModule(LightningModule):
         return build_optimizer(params, self.settings.optim, total_steps)
 
     def configure_callbacks(self) -> list[Any]:
-        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; console lines when not a TTY;
-        evaluations logged at the number of trained batches.
+        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; the CUSTOM SCALARS overview;
+        console lines when not a TTY; evaluations logged at the number of trained batches.
 
         The same instances on every call (the validation before training and ``fit`` share their state), and
         only those whose type the trainer lacks: a callback of that type passed to the Trainer wins, without
@@ -175,10 +175,12 @@ class RFTModule(LightningModule):
         from lit_entropy.checkpointing.callback import ResumableCheckpointing
         from lit_entropy.reporting.console import ConsoleMetrics
         from lit_entropy.reporting.hparams import HParamsSummary
+        from lit_entropy.reporting.overview import OverviewLayout
         from lit_entropy.reporting.steps import StepAxis
 
         if self._own_callbacks is None:
-            self._own_callbacks = [ResumableCheckpointing(), HParamsSummary(), ConsoleMetrics(), StepAxis()]
+            own = [ResumableCheckpointing(), HParamsSummary(), OverviewLayout(), ConsoleMetrics(), StepAxis()]
+            self._own_callbacks = own
         trainer = attached_trainer(self)
         present = trainer.callbacks if trainer is not None else []
         return [own for own in self._own_callbacks if not any(isinstance(cb, type(own)) for cb in present)]

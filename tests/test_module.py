@@ -116,7 +116,7 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     tags = _logged_tags(trainer)
     expected = {
         *(f"train/reward/{s}" for s in ("mean", "std", "frac_zero_std")),
-        *(f"train/advantage/{s}" for s in ("mean", "std", "min", "max")),
+        *(f"train/update/advantage/{s}" for s in ("mean", "std", "min", "max")),
         *(f"train/length/{s}" for s in ("mean", "min", "max", "truncated_frac")),
         "train/entropy/mean",
         "train/loss/policy",
@@ -124,17 +124,19 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
         *(f"perf/{s}" for s in ("time_generate_s", "time_score_s", "time_statistics_s", "time_update_s")),
         "perf/tokens_per_s",
         "perf/peak_memory_mb",
-        "epoch",
+        *(f"overview/{s}" for s in ("1_reward", "2_val_avg@4", "3_val_pass@4", "4_entropy", "5_length")),
+        "overview/8_tokens_per_s",
         "val/avg@4",
         "val/pass@2",
         "val/pass@4",
         "val/length/mean",
         "train/entropy/tokens",
         "train/samples/text_summary",
+        "custom_scalars__config__",  # the CUSTOM SCALARS layout
     }
     if method:
         expected |= {"train/entropy_clip/frac", "train/entropy_clip/frac_neg", "train/entropy_clip/s_mean"}
-        expected.add("train/entropy/kept")
+        expected |= {"train/entropy/kept", "overview/7_masked_frac"}
         if callbacks[0].num_acted_on:  # logged in the steps that masked a token
             expected.add("train/entropy/masked")
     if method == "clip_v":
@@ -146,7 +148,7 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     if algorithm == "ppo":
         expected.add("train/loss/value")
     if update.epochs > 1 or update.mini_batch_size:  # more than one optimizer step per rollout batch
-        expected |= {"train/clip/ratio", "train/clip/low", "train/clip/high", "train/clip/approx_kl"}
+        expected |= {"train/clip/ratio", "train/clip/low", "train/clip/high", "train/clip/approx_kl", "overview/6_clip_frac"}
         if algorithm == "ppo":
             expected.add("train/clip/value")
     if "optim" in extra:  # cosine with warm-up: the LR changes

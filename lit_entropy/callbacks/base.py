@@ -24,6 +24,7 @@ function in ``__init__`` and implements one protocol method (``keep_mask``, ``to
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -43,6 +44,13 @@ __all__ = ["LEGACY_STATE_KEYS", "TokenCallback", "check_log_prefix", "module_is_
 LEGACY_STATE_KEYS: dict[str, str] = {"num_masked": "num_acted_on", "num_selected": "num_acted_on"}
 
 _COUNTER_KEYS = ("num_batches", "num_tokens", "num_acted_on")
+_NOT_SETTINGS = frozenset({"self", "log_prefix", "args", "kwargs"})
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _is_plain(value: Any) -> bool:
+    """Plain data (a number, string, None or a list of them), not an object such as a generator."""
+    return isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value))
 
 
 def check_log_prefix(log_prefix: Any) -> str:
@@ -90,6 +98,16 @@ class TokenCallback(Callback):
     def describe(self) -> str:
         """How messages name this callback (the class name; subclasses add their mode)."""
         return type(self).__name__
+
+    def hparams(self) -> dict[str, Any]:
+        """The settings this callback runs with (the HPARAMS tab): its plain-data ``__init__`` arguments kept as
+        attributes of the same name, without ``log_prefix`` (where it logs, not what it does).
+
+        A subclass whose mode ignores an argument leaves it out (Clip_B has no ``max_frac``).
+        """
+        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in _NOT_SETTINGS]
+        values = {name: getattr(self, name) for name in names if hasattr(self, name)}
+        return {name: value for name, value in values.items() if _is_plain(value)}
 
     def tag(self, name: str) -> str:
         """The logged name ``<log_prefix>/<name>``: one tag scheme for every token callback."""

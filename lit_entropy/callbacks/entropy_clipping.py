@@ -99,6 +99,14 @@ class EntropyDiscriminatorClipping(TokenCallback):
         return callback_state_key(self, method=self.method, mu=self.mu, symmetric=self.symmetric)
 
     @override
+    def hparams(self) -> dict[str, Any]:
+        """Method, threshold, symmetry; the cap ``max_frac`` only for Clip_V (Clip_B ignores it)."""
+        out = super().hparams()
+        if self.method == "clip_b":
+            del out["max_frac"]
+        return out
+
+    @override
     def describe(self) -> str:
         return f"EntropyDiscriminatorClipping(method={self.method!r})"
 

@@ -12,13 +12,22 @@ from typing import Any
 _LAZY = {
     "ConsoleMetrics": "lit_entropy.reporting.console",
     "HParamsSummary": "lit_entropy.reporting.hparams",
+    "OverviewLayout": "lit_entropy.reporting.overview",
     "SampleEvaluator": "lit_entropy.reporting.evaluation",
     "TagPlan": "lit_entropy.reporting.dashboard",
     "TrainDashboard": "lit_entropy.reporting.dashboard",
     "evaluation_tags": "lit_entropy.reporting.evaluation",
 }
 
-__all__ = ["ConsoleMetrics", "HParamsSummary", "SampleEvaluator", "TagPlan", "TrainDashboard", "evaluation_tags"]
+__all__ = [
+    "ConsoleMetrics",
+    "HParamsSummary",
+    "OverviewLayout",
+    "SampleEvaluator",
+    "TagPlan",
+    "TrainDashboard",
+    "evaluation_tags",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
 from lit_entropy.functional.overlong import truncated_rows
 from lit_entropy.metrics import TokenEntropy
+from lit_entropy.reporting.overview import MASKED_FRAC_TAG
 from lit_entropy.rollout.base import RolloutEngine
 from lit_entropy.settings import OptimConfig
 
@@ -34,6 +35,7 @@ __all__ = [
     "TagPlan",
     "TrainDashboard",
     "batch_statistics",
+    "informative_groups",
     "loss_scalars",
     "peak_memory_mb",
     "samples_markdown",
@@ -208,7 +210,8 @@ def _stats(prefix: str, sums: Tensor, extremes: Tensor, std: bool = True) -> dic
 def batch_statistics(
     experience: Any, group_size: int, max_new_tokens: int, eos_token_ids: list[int], plan: TagPlan
 ) -> dict[str, float]:
-    """Global statistics of one scored rollout batch: rewards, advantages, lengths, entropy of masked / kept tokens.
+    """Global statistics of one scored rollout batch: rewards, advantages, lengths, entropy of masked / kept tokens
+    and the masked share of response tokens (the overview's card).
 
     Every rank must call it (two all-reduces). Rows are grouped by prompt, ``group_size`` consecutive rows each.
 
@@ -242,7 +245,7 @@ def batch_statistics(
     sums = all_reduce_sum(torch.cat([torch.cat([p[0] for p in parts]), torch.stack(counts).to(torch.float64)]))
     extremes = all_reduce_max(torch.cat([p[1] for p in parts]))
     out = _stats("train/reward", sums[0:3], extremes[0:2])
-    out.update(_stats("train/advantage", sums[3:6], extremes[2:4]))
+    out.update(_stats("train/update/advantage", sums[3:6], extremes[2:4]))
     out.update(_stats("train/length", sums[6:9], extremes[4:6], std=False))
     n_rows, n_truncated, n_equal, n_groups, n_non_binary = float(sums[6]), *sums[9:13].tolist()
     out["train/length/truncated_frac"] = n_truncated / max(n_rows, 1.0)
@@ -254,6 +257,7 @@ def batch_statistics(
         if n_masked > 0:  # a global count: every rank takes the same branch
             out["train/entropy/masked"] = h_masked / n_masked
         out["train/entropy/kept"] = h_kept / max(n_kept, 1.0)
+        out[MASKED_FRAC_TAG] = n_masked / max(float(sums[3]), 1.0)
         if plan.mask_providers > 1:
             out["train/mask/loss_token_frac"] = n_kept / max(float(sums[3]), 1.0)
     return out
@@ -342,6 +346,21 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")[:300]
 
 
+def informative_groups(rewards: Tensor, group_size: int) -> list[int]:
+    """Prompt indices, groups whose rewards differ most first (reward std within the group, descending).
+
+    A group whose samples all got the same reward has zero advantages under group normalisation and teaches
+    nothing: those come last, in batch order (ties keep batch order too).
+
+    Args:
+        rewards: ``[prompts * group_size]``, ``group_size`` consecutive rewards per prompt.
+        group_size: samples per prompt.
+    """
+    spread = rewards.detach().double().cpu().view(-1, group_size).std(-1, unbiased=False)
+    spread = [round(value, 9) for value in spread.tolist()]  # groups with the same rewards in another order tie
+    return sorted(range(len(spread)), key=lambda index: -spread[index])
+
+
 def samples_markdown(
     prompts: list[str],
     answers: list[str],
@@ -351,7 +370,8 @@ def samples_markdown(
     group_size: int,
     num_prompts: int,
 ) -> str:
-    """Every completion of the first ``num_prompts`` prompts (whole GRPO groups), as a Markdown table.
+    """Every completion of ``num_prompts`` prompts (whole GRPO groups) as a Markdown table, the most informative
+    groups first (:func:`informative_groups`).
 
     Args:
         prompts: one per prompt.
@@ -363,7 +383,7 @@ def samples_markdown(
         num_prompts: how many prompts to show.
     """
     lines = ["| prompt | answer | # | completion | reward | advantage |", "|---|---|---|---|---|---|"]
-    for prompt_idx in range(min(num_prompts, len(prompts))):
+    for prompt_idx in informative_groups(rewards, group_size)[:num_prompts]:
         for sample in range(group_size):
             row = prompt_idx * group_size + sample
             head = (_cell(prompts[prompt_idx]), _cell(answers[prompt_idx])) if sample == 0 else ("", "")

@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_entropy.internals.tensorboard import event_file_writer
+from lit_entropy.reporting.overview import overview_copies
 
 __all__ = ["StepAxis", "checkpoint_trained_batches", "trained_batches"]
 
@@ -120,7 +121,13 @@ _EVALUATION_STEP: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionar
 
 
 def _log_evaluations_at(logger: Any, evaluation_step: Any) -> None:
-    """Make ``logger.log_metrics`` write what it gets while validating or testing at ``evaluation_step()``."""
+    """Make ``logger.log_metrics`` write what it gets while validating or testing at ``evaluation_step()``,
+    add the overview cards (:func:`~lit_entropy.reporting.overview.overview_copies`), and drop ``epoch``.
+
+    Lightning's logger connector adds the current epoch to every dict it logs without a step of its own
+    (``LoggerConnector.log_metrics``): a staircase card that sorted first in TensorBoard and says nothing the
+    step axis does not. Every logger of the trainer goes through this wrapper, so none writes it.
+    """
     wrapped = logger in _EVALUATION_STEP
     _EVALUATION_STEP[logger] = evaluation_step
     if wrapped:
@@ -128,10 +135,11 @@ def _log_evaluations_at(logger: Any, evaluation_step: Any) -> None:
     original = logger.log_metrics
 
     def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+        metrics = {key: value for key, value in metrics.items() if key != "epoch"}
+        metrics.update(overview_copies(metrics))
+        if not metrics:
+            return
         override = _EVALUATION_STEP[logger]()
-        if override is None:
-            original(metrics, step)
-        else:  # Lightning's "epoch" would add a second point at a step the training scalars already mark
-            original({key: value for key, value in metrics.items() if key != "epoch"}, override)
+        original(metrics, step if override is None else override)
 
     logger.log_metrics = log_metrics

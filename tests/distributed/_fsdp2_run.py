@@ -42,7 +42,7 @@ COMPARED = (
     "train/reward/mean",
     "train/length/mean",
     "train/reward/frac_zero_std",
-    "train/advantage/std",
+    "train/update/advantage/std",
     "train/loss/policy",
     "train/loss/kl",
     "train/optim/grad_norm",

@@ -17,10 +17,11 @@ from lit_entropy.reporting.dashboard import (
     TagPlan,
     TrainDashboard,
     batch_statistics,
+    informative_groups,
     samples_markdown,
 )
 from lit_entropy.reporting.evaluation import SampleEvaluator
-from lit_entropy.reporting.hparams import callback_init_args, flatten_hparams
+from lit_entropy.reporting.hparams import flatten_hparams, run_label
 from lit_entropy.rollout import RolloutBatch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,7 @@ def expected_tags(conditions: set[str], k: int, pass_ks: list[int]) -> dict[str,
 def _event_file(log_dir: Path) -> dict:
     from tensorboard.backend.event_processing import plugin_event_accumulator
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})  # keep all
@@ -69,12 +71,63 @@ def _event_file(log_dir: Path) -> dict:
     tags = events.Tags()
     scalars = {t: [(e.step, e.value) for e in events.Scalars(t)] for t in tags["scalars"]}
     histograms = {t: [e.step for e in events.Histograms(t)] for t in tags["histograms"]}
-    texts = {t: [e.step for e in events.Tensors(t)] for t in tags["tensors"]}
+    layout_tag = "custom_scalars__config__"
+    texts = {t: [e.step for e in events.Tensors(t)] for t in tags["tensors"] if t != layout_tag}
+    tables = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("train/samples/text_summary")]
+    layouts = [layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]) for e in events.Tensors(layout_tag)]
     plugin = plugin_event_accumulator.EventAccumulator(str(log_dir))
     plugin.Reload()
-    content = plugin.PluginTagToContent("hparams").get("_hparams_/experiment")
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment if content else None
-    return {"scalars": scalars, "histograms": histograms, "texts": texts, "hparams": experiment}
+    contents = plugin.PluginTagToContent("hparams")
+    experiment = session = None
+    if "_hparams_/experiment" in contents:
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(contents["_hparams_/experiment"]).experiment
+        start = plugin_data_pb2.HParamsPluginData.FromString(contents["_hparams_/session_start_info"])
+        session = start.session_start_info
+    return {
+        "scalars": scalars, "histograms": histograms, "texts": texts, "tables": tables, "layouts": layouts,
+        "hparams": experiment, "session": session,
+    }  # fmt: skip
+
+
+def _is_break(c: str) -> bool:
+    return c == "/" or c.isdigit()
+
+
+def tensorboard_tag_order(a: str, b: str) -> int:
+    """TensorBoard's Time Series order of two tags (a port of its frontend's ``compareTagNames``): digit runs
+    compare as numbers, ``/`` and digits before any other character, else character codes."""
+    i = j = 0
+    while True:
+        if i == len(a):
+            return 0 if j == len(b) else -1
+        if j == len(b):
+            return 1
+        if a[i].isdigit() and b[j].isdigit():
+            i2, j2 = i, j
+            while i2 < len(a) and a[i2].isdigit():
+                i2 += 1
+            while j2 < len(b) and b[j2].isdigit():
+                j2 += 1
+            x, y = int(a[i:i2]), int(b[j:j2])
+            if x != y:
+                return -1 if x < y else 1
+            i, j = i2, j2
+            continue
+        if _is_break(a[i]) != _is_break(b[j]):
+            return -1 if _is_break(a[i]) else 1
+        if a[i] != b[j]:
+            return -1 if a[i] < b[j] else 1
+        i, j = i + 1, j + 1
+
+
+def time_series_groups(tags: list[str]) -> list[tuple[str, list[str]]]:
+    """Time Series' card groups in screen order: tags sorted as TensorBoard does, grouped by their first part."""
+    import functools
+
+    groups: dict[str, list[str]] = {}
+    for tag in sorted(tags, key=functools.cmp_to_key(tensorboard_tag_order)):
+        groups.setdefault(tag.split("/", 1)[0], []).append(tag)
+    return list(groups.items())
 
 
 @pytest.mark.parametrize(
@@ -117,13 +170,9 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
     assert run["histograms"]["train/entropy/tokens"] == [0, 2]
     assert run["texts"]["train/samples/text_summary"] == [0, 2]
 
-    hparams = run["hparams"]
-    assert hparams is not None, "no HPARAMS summary"
-    assert [m.name.tag for m in hparams.metric_infos] == ["val/avg@8", "val/pass@2", "val/pass@4", "val/pass@8"]
-    names = {h.name for h in hparams.hparam_infos}
-    assert {"model/loss/clip_ratio_low", "model/sampling/num_samples", "data/batch_size"} <= names
-    if "entropy clipping" in conditions:
-        assert {"callbacks/EntropyDiscriminatorClipping/mu", "callbacks/EntropyDiscriminatorClipping/method"} <= names
+    check_first_screen(run, masking="mask callback" in conditions)
+    check_method_hparams(run, clip_b="entropy clipping" in conditions)
+    check_samples_order(run["tables"])
     assert "hp_metric" not in run["scalars"]  # no placeholder metric (default_hp_metric: false)
 
     # stdout is captured (not a terminal): one line per logged step, TensorBoard's steps; a validation value only
@@ -137,6 +186,80 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
     for step in val_steps:
         assert f"val/avg@8 {values[step]:.3f}" in lines[step]
     assert all("reward" in line and "s/step" in line for line in lines[:4]) and "reward" not in lines[4]
+
+
+def check_first_screen(run: dict, masking: bool) -> None:
+    """Time Series opens on the overview cards in reading order; CUSTOM SCALARS has the layout; no ``epoch``."""
+    scalars = run["scalars"]
+    assert "epoch" not in scalars  # Lightning's staircase
+    groups = time_series_groups(list(scalars))
+    masked = ["overview/7_masked_frac"] if masking else []
+    assert groups[0] == (
+        "overview",
+        ["overview/1_reward", "overview/2_val_avg@8", "overview/3_val_pass@8", "overview/4_entropy",
+         "overview/5_length", *masked, "overview/8_tokens_per_s"],
+    )  # fmt: skip
+    train = dict(groups)["train"]
+    advantages = [i for i, tag in enumerate(train) if "advantage" in tag]
+    assert advantages and min(advantages) > train.index("train/reward/mean")
+    copies = {
+        "overview/1_reward": "train/reward/mean", "overview/2_val_avg@8": "val/avg@8",
+        "overview/3_val_pass@8": "val/pass@8", "overview/4_entropy": "train/entropy/mean",
+        "overview/5_length": "train/length/mean", "overview/8_tokens_per_s": "perf/tokens_per_s",
+    }  # fmt: skip
+    for card, source in copies.items():
+        assert scalars[card] == scalars[source], card
+    if masking:  # one mask callback: the share it masked is the share left out of the loss
+        masked_frac = [value for _, value in scalars["overview/7_masked_frac"]]
+        assert masked_frac == pytest.approx([value for _, value in scalars["train/entropy_clip/frac"]], abs=1e-6)
+    (layout,) = run["layouts"]
+    assert [category.title for category in layout.category] == ["Overview", "Update", "Time"]
+    for category in layout.category:
+        for chart in category.chart:
+            patterns = list(chart.multiline.tag)
+            assert any(re.fullmatch(p, tag) for p in patterns for tag in scalars), (chart.title, patterns)
+
+
+def check_method_hparams(run: dict, clip_b: bool) -> None:
+    """HPARAMS: the model's groups but logging, the data settings but plumbing, the callback's effective arguments;
+    the first five columns TensorBoard shows are the callback's and the headline model settings."""
+    import inspect
+
+    from lit_entropy.data.datamodule import PromptDataModule
+    from lit_entropy.module import RFTModule
+
+    hparams = run["hparams"]
+    assert hparams is not None, "no HPARAMS summary"
+    assert [m.name.tag for m in hparams.metric_infos] == ["val/avg@8", "val/pass@2", "val/pass@4", "val/pass@8"]
+    names = [h.name for h in hparams.hparam_infos]
+    model_groups = set(inspect.signature(RFTModule.__init__).parameters) - {"self", "rollout", "logging"}
+    assert {n.split("/")[1] for n in names if n.startswith("model/")} == model_groups
+    plumbing = {"num_workers", "cache_dir", "tokenizer_name_or_path"}
+    assert {n[len("data/") :] for n in names if n.startswith("data/")} == (
+        set(inspect.signature(PromptDataModule.__init__).parameters) - {"self"} - plumbing
+    )
+    callbacks = {n for n in names if n.startswith("callbacks/")}
+    clip = {f"callbacks/EntropyDiscriminatorClipping/{a}" for a in ("method", "mu", "symmetric")}
+    assert callbacks == (clip if clip_b else set())  # Clip_B ignores max_frac; no checkpoint / console callbacks
+    assert len(names) == len(set(names)) and all(n.split("/")[0] in ("model", "data", "callbacks") for n in names)
+    shown = [h.name for h in sorted(hparams.hparam_infos, key=lambda h: (not h.differs, h.name))][:5]
+    headline = ["model/advantages/estimator", "model/algorithm", "model/loss/policy_loss", "model/optim/lr"]
+    assert shown == (sorted(clip) + headline[:2] if clip_b else [*headline, "model/sampling/num_samples"])
+    assert run["session"].group_name == ("clip_b_tiny v0" if clip_b else "grpo_tiny v0")
+
+
+def check_samples_order(tables: list[str]) -> None:
+    """Each samples table leads with the groups whose rewards differ most; all-equal groups come last."""
+    assert tables
+    for table in tables:
+        groups: list[list[float]] = []
+        for row in table.splitlines()[2:]:
+            cells = [c.strip() for c in row.strip().strip("|").split("|")]
+            if cells[0]:
+                groups.append([])
+            groups[-1].append(float(cells[4]))
+        spreads = [float(torch.tensor(g, dtype=torch.float64).std(unbiased=False)) for g in groups]
+        assert spreads == sorted(spreads, reverse=True), spreads
 
 
 def test_readme_table_covers_every_condition_once_and_names_are_unique():
@@ -180,9 +303,9 @@ def test_batch_statistics_match_a_brute_force_reference():
     assert (out["train/reward/min"], out["train/reward/max"]) == (0.0, 1.0)
     assert out["train/reward/frac_zero_std"] == pytest.approx(1 / 3)
     valid = [adv[i, j] for i in range(6) for j in range(lengths[i])]
-    assert out["train/advantage/mean"] == pytest.approx(float(torch.stack(valid).mean()), rel=1e-6)
-    assert out["train/advantage/std"] == pytest.approx(float(torch.stack(valid).std()), rel=1e-6)
-    assert out["train/advantage/max"] == pytest.approx(float(max(valid)))
+    assert out["train/update/advantage/mean"] == pytest.approx(float(torch.stack(valid).mean()), rel=1e-6)
+    assert out["train/update/advantage/std"] == pytest.approx(float(torch.stack(valid).std()), rel=1e-6)
+    assert out["train/update/advantage/max"] == pytest.approx(float(max(valid)))
     assert out["train/length/mean"] == pytest.approx(sum(lengths) / 6)
     assert (out["train/length/min"], out["train/length/max"]) == (1.0, 4.0)
     # Length 4 = max_new_tokens without EOS: rows 0 and 5 (row 2 ended with its EOS at the limit).
@@ -192,6 +315,7 @@ def test_batch_statistics_match_a_brute_force_reference():
     assert out["train/entropy/kept"] == pytest.approx(float(torch.stack(kept).mean()), rel=1e-6)
     assert out["train/entropy/masked"] == pytest.approx(float(torch.stack(masked).mean()), rel=1e-6)
     assert out["train/mask/loss_token_frac"] == pytest.approx(len(kept) / sum(lengths))
+    assert out["overview/7_masked_frac"] == pytest.approx(len(masked) / sum(lengths))
     assert "train/entropy/kept" not in batch_statistics(exp, 2, 4, [2], TagPlan())
 
 
@@ -270,12 +394,26 @@ def test_samples_show_whole_groups_with_reward_and_advantage():
         num_prompts=2,
     )
     rows = table.splitlines()[2:]
-    assert len(rows) == 4  # every completion of the first two prompts
+    assert len(rows) == 4  # every completion of two prompts
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
-    assert [c[3] for c in cells] == ["2", "3", "4", "4"]
-    assert [c[4] for c in cells] == ["1", "0", "1", "1"]
-    assert [c[5] for c in cells] == ["+0.7", "-0.7", "+0", "+0"]
-    assert cells[0][0] == "1+1=" and cells[1][0] == ""  # the prompt once per group
+    # Prompts 1 and 3 have differing rewards, prompt 2 (all correct, advantage 0) is the least informative.
+    assert [c[3] for c in cells] == ["2", "3", "6", "7"]
+    assert [c[4] for c in cells] == ["1", "0", "1", "0"]
+    assert [c[5] for c in cells] == ["+0.7", "-0.7", "+0.7", "-0.7"]
+    assert [c[0] for c in cells] == ["1+1=", "", "3+3=", ""]  # the prompt once per group
+
+
+def test_informative_groups_sort_by_reward_spread_against_brute_force():
+    import statistics
+
+    torch.manual_seed(3)
+    rewards = torch.randint(0, 3, (40,)).float() / 2  # 10 groups of 4, rewards in {0, .5, 1}: ties and equal groups
+    rewards[8:12] = 1.0  # an all-correct group
+    groups = [rewards[i : i + 4].tolist() for i in range(0, 40, 4)]
+    spread = [statistics.pstdev(g) for g in groups]
+    expected = sorted(range(10), key=lambda i: (-spread[i], i))  # most spread first, batch order among ties
+    assert informative_groups(rewards, 4) == expected
+    assert spread[expected[-1]] == 0.0 and expected.index(2) > max(i for i, g in enumerate(expected) if spread[g] > 0)
 
 
 class _Recorder:
@@ -316,11 +454,15 @@ def test_console_line_and_hparams_helpers():
     assert flatten_hparams({"a": {"b": 1, "c": None, "d": [1, 2]}}) == {"a/b": 1, "a/c": "None", "a/d": "[1, 2]"}
     from lit_entropy.callbacks import EntropyDiscriminatorClipping
 
-    args = callback_init_args(EntropyDiscriminatorClipping("clip_b", mu=1.5))
-    assert args == {
-        "method": "clip_b",
-        "mu": 1.5,
-        "max_frac": 1e-4,
-        "symmetric": False,
-        "log_prefix": "train/entropy_clip",
-    }
+    clip_b = EntropyDiscriminatorClipping("clip_b", mu=1.5)
+    assert clip_b.hparams() == {"method": "clip_b", "mu": 1.5, "symmetric": False}  # Clip_B has no cap
+    clip_v = EntropyDiscriminatorClipping("clip_v", max_frac=0.01)
+    assert clip_v.hparams() == {"method": "clip_v", "mu": 8.5, "max_frac": 0.01, "symmetric": False}
+
+
+def test_hparams_rows_are_named_by_run():
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    assert run_label(TensorBoardLogger("runs", name="clip_b_tiny", version=3)) == "clip_b_tiny v3"
+    assert run_label(TensorBoardLogger("runs", name="grpo", version="version_12")) == "grpo v12"
+    assert run_label(TensorBoardLogger("runs", name="grpo", version="seed_1")) == "grpo seed_1"

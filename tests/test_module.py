@@ -148,7 +148,13 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
     if algorithm == "ppo":
         expected.add("train/loss/value")
     if update.epochs > 1 or update.mini_batch_size:  # more than one optimizer step per rollout batch
-        expected |= {"train/clip/ratio", "train/clip/low", "train/clip/high", "train/clip/approx_kl", "overview/6_clip_frac"}
+        expected |= {
+            "train/clip/ratio",
+            "train/clip/low",
+            "train/clip/high",
+            "train/clip/approx_kl",
+            "overview/6_clip_frac",
+        }
         if algorithm == "ppo":
             expected.add("train/clip/value")
     if "optim" in extra:  # cosine with warm-up: the LR changes

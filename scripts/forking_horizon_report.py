@@ -38,7 +38,7 @@ def arm_table(summary: dict[str, Any]) -> str:
             + f" | {_f(m['exec_given_first_B'])} | | |"
         )
         lines.append(
-            f"| {base} | always A, executed right (floor) | - | {CLASS_PROBS[0]:.3f} | | 0 / 0 / 0 | 0 | | | |"
+            f"| {base} | always A, executed right (floor) | - | {CLASS_PROBS[0]:.3f} | | 0 / 0 / 0 | 0 / 0 / 0 | | | |"
         )
         for m in (v for v in summary["arm_means"].values() if v["base"] == base):
             lines.append(
@@ -101,7 +101,9 @@ def status_line(summary: dict[str, Any]) -> str:
         f"**Status: {len(primary)} of the {PRIMARY_RUNS} pre-registered primary runs have finished; {n} of 10 "
         "(base, seed) units have all three primary arms.**"
     )
-    if n < 6:
+    if n == 0:
+        text += " No comparison yet."
+    elif n < 6:
         text += (
             f" With n = {n} units the smallest possible sign-flip p is 2/2^{n} = {2 / 2**n if n else 1:.3f}, so no "
             "comparison can be better/worse yet: every verdict below is provisional."
@@ -139,15 +141,14 @@ def readme_block(summary: dict[str, Any]) -> str:
         f"`experiments/{name}/PREREGISTRATION.md`._\n\n"
         + status_line(summary)
         + f"\n\nRule: {RULE}.\n\n"
-        + "\n".join(verdicts)
-        + "\n- "
-        + PAPER
+        + "\n".join([*verdicts, f"- {PAPER}"])
         + "\n\n"
         + arm_table(summary)
-        + "\n"
-        + comparison_table(summary)
-        + "\nPer-unit pass@64 differences:\n\n"
-        + per_unit_lines(summary)
+        + (
+            "\n" + comparison_table(summary) + "\nPer-unit pass@64 differences:\n\n" + per_unit_lines(summary)
+            if summary["comparisons"]
+            else ""
+        )
     )
 
 

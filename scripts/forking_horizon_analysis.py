@@ -2,7 +2,8 @@
 
 Reads only the per-run results (``<exp>/per_run/<base>__<arm>__s<seed>/{eval,train}.csv`` and ``done.json``) and
 writes ``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md``, ``<exp>/pass_at_64.png`` and
-``<exp>/readme_block.md``; ``--update-readme`` copies the block between the experiment's markers in ``DOCS``.
+``<exp>/readme_block.md`` / ``docs_block.md``; ``--update-readme`` copies the blocks between the experiment's
+markers in ``DOCS``.
 
     python scripts/forking_horizon.py --analyze --update-readme                      # experiment A
     python scripts/forking_horizon.py --experiment short --analyze --update-readme   # experiment B
@@ -27,10 +28,11 @@ from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
 from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Experiment -> the files that carry its generated block, and their marker names.
+#: Experiment -> the files that carry its generated block, their marker names, and the block ("full": every table;
+#: "docs": status, pooled verdicts and the arm table).
 DOCS = {
-    "horizon": ((ROOT / "scripts" / "forking" / "README.md", "horizon-results"),),
-    "short": ((ROOT / "scripts" / "forking" / "README.md", "short-results"),),
+    "horizon": ((ROOT / "scripts" / "forking" / "README.md", "horizon-results", "full"),),
+    "short": ((ROOT / "scripts" / "forking" / "README.md", "short-results", "full"),),
 }
 K = 64
 LAST_EVALS = 3
@@ -175,16 +177,17 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "horizon")
         "pass64_curves": {f"{b}__{a}__s{s}": curve(r["eval"]) for (b, a, s), r in sorted(runs.items())},
     }
     (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    from forking_horizon_report import plot, readme_block, summary_tables
+    from forking_horizon_report import docs_block, plot, readme_block, summary_tables
 
     (exp / "summary.md").write_text(summary_tables(summary))
     if runs:
         plot(summary, exp / "pass_at_64.png")
     block = readme_block(summary)
     (exp / "readme_block.md").write_text(block)
+    (exp / "docs_block.md").write_text(docs_block(summary))
     if update_readme:
-        for path, marker in DOCS[experiment]:
-            changed = replace_block(path, marker, block)
+        for path, marker, kind in DOCS[experiment]:
+            changed = replace_block(path, marker, block if kind == "full" else docs_block(summary))
             print(f"[forking_horizon] {path.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
     print(block, flush=True)
     return summary

@@ -36,6 +36,7 @@ from lit_entropy.settings import (
     PPOConfig,
     RewardConfig,
     RFTSettings,
+    RolloutCorrectionConfig,
     UpdateConfig,
 )
 from lit_entropy.step import (
@@ -82,6 +83,7 @@ class RFTModule(LightningModule):
         evaluation: K samples per prompt at validation / test, and the pass@k ladder.
         rollout: the rollout engine (``class_path``); null = Hugging Face ``generate`` on the policy.
         logging: sample logging and export.
+        rollout_correction: importance weights between the engine's and the trainer's log-probs (off by default).
     """
 
     def __init__(
@@ -98,16 +100,23 @@ class RFTModule(LightningModule):
         evaluation: EvaluationConfig = EvaluationConfig(),
         rollout: RolloutEngine | None = None,
         logging: LoggingConfig = LoggingConfig(),
+        rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),
     ) -> None:
         super().__init__()
         groups = dict(policy=policy, algorithm=algorithm, sampling=sampling, reward=reward, advantages=advantages)
         groups.update(loss=loss, ppo=ppo, update=update, optim=optim, evaluation=evaluation, logging=logging)
+        groups.update(rollout_correction=rollout_correction)
         self.settings = RFTSettings.build(**groups)
         self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
         self.model_name_or_path = self.settings.policy.model_name_or_path or default_model_path()
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
+        if self.settings.rollout_correction.enabled and not self.rollout_engine.reports_logprobs:
+            raise ValueError(
+                f"model.rollout_correction.level={self.settings.rollout_correction.level!r} needs the log-probs the "
+                f"engine sampled with, but model.rollout={type(self.rollout_engine).__name__} reports none"
+            )
         self.owns_rollout_engine = False
         # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
         self.policy = self.ref_model = self.critic = self.value_head = None

@@ -26,8 +26,10 @@ from lit_entropy.functional.registry import (
     POLICY_LOSSES,
     check_group_size,
     estimator_needs_values,
+    policy_loss_takes_token_weights,
 )
 from lit_entropy.rollout.base import SamplingConfig
+from lit_entropy.rollout.correction import RolloutCorrectionConfig
 from lit_entropy.settings_legacy import (
     LEGACY_MODEL_KEYS,
     RENAMED_MODEL_KEYS,
@@ -48,6 +50,7 @@ __all__ = [
     "RFTSettings",
     "RewardConfig",
     "RENAMED_MODEL_KEYS",
+    "RolloutCorrectionConfig",
     "UpdateConfig",
     "carry_over_renamed_keys",
     "check_legacy_model_keys",
@@ -178,17 +181,11 @@ class AdvantageConfig:
     ppo -> ``gae``)."""
     scale: Literal["group", "batch", "none"] = "group"
     """GRPO: divide centred rewards by the group std (``group``), the batch std, or not (``none`` = Dr.GRPO)."""
-    rollout_is_threshold: float | None = None
-    """Truncated importance sampling against the rollout engine's log-probs: scale each token's advantage by
-    ``min(exp(logp_old - logp_rollout), threshold)``; null = off. Needs an engine that reports log-probs (vLLM)."""
 
     def __post_init__(self) -> None:
         if self.estimator is not None:
             ADVANTAGE_ESTIMATORS.check("model.advantages.estimator", self.estimator)
         check_advantage_scale(self.scale, name="model.advantages.scale")
-        check_number(
-            "model.advantages.rollout_is_threshold", self.rollout_is_threshold, low=0, low_open=True, optional=True
-        )
 
 
 @dataclass(frozen=True)
@@ -359,6 +356,7 @@ class RFTSettings:
     optim: OptimConfig
     evaluation: EvaluationConfig
     logging: LoggingConfig
+    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
 
     @classmethod
     def build(cls, **groups: Any) -> RFTSettings:
@@ -409,6 +407,11 @@ class RFTSettings:
             prefix="model.reward.",
         )
         self._resolve_estimator()
+        if self.rollout_correction.enabled and not policy_loss_takes_token_weights(self.loss.policy_loss):
+            raise ValueError(
+                f"model.rollout_correction.level={self.rollout_correction.level!r} weighs each token's policy-loss "
+                f"term, but model.loss.policy_loss={self.loss.policy_loss!r} takes no token_weights parameter"
+            )
 
     def _resolve_estimator(self) -> None:
         """Fill in the algorithm's estimator when none is set; refuse an estimator the algorithm cannot feed."""
@@ -445,4 +448,5 @@ _GROUP_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "logging": LoggingConfig,
+    "rollout_correction": RolloutCorrectionConfig,
 }

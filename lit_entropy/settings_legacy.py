@@ -17,6 +17,7 @@ _GROUP_FIELDS = {
     "optim": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
     "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
 }
+_TIS = "model.rollout_correction.upper (with level: token, mode: truncate)"
 RENAMED_MODEL_KEYS: dict[str, str] = {
     "update.fuse_old_logprob_pass": "update.reuse_statistics_forward",
     "policy.fused_lm_head": "policy.blockwise_lm_head",
@@ -30,7 +31,8 @@ LEGACY_MODEL_KEYS: dict[str, str] = {
     "group_size": "model.sampling.num_samples",
     "reward_fn": "model.reward.fn",
     "advantage_scale": "model.advantages.scale",
-    "rollout_is_threshold": "model.advantages.rollout_is_threshold",
+    "rollout_is_threshold": _TIS,
+    "advantages.rollout_is_threshold": _TIS,
     "dual_clip_c": "model.loss.clip_ratio_c",
     "ppo_epochs": "model.update.epochs",
     "optimizer": "model.optim.optimizer",
@@ -94,4 +96,8 @@ def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
             target = out.setdefault(new_group, {})
             if isinstance(target, dict):
                 target.setdefault(new_name, value)
+    advantages = out.get("advantages")
+    threshold = advantages.pop("rollout_is_threshold", None) if isinstance(advantages, dict) else None
+    if threshold is not None and "rollout_correction" not in out:  # 0.3's truncated IS is today's token truncate
+        out["rollout_correction"] = {"level": "token", "mode": "truncate", "upper": threshold}
     return out

@@ -72,6 +72,11 @@ ROLLOUT_FIELDS: tuple[RolloutField, ...] = (
         "trainer minus rollout-engine log-prob of each sampled token; None unless the engine reports log-probs",
         context=False,
     ),
+    RolloutField(
+        "rollout_weights",
+        "rollout-correction weights of each token's policy-loss term; None unless ``model.rollout_correction`` is on",
+        context=False,
+    ),
 )
 """Every per-row tensor of a rollout batch, in the order the classes list them."""
 

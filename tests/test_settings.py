@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 
 import pytest
 
@@ -23,6 +24,7 @@ from lit_entropy.settings import (
     PPOConfig,
     RewardConfig,
     RFTSettings,
+    RolloutCorrectionConfig,
     UpdateConfig,
     carry_over_renamed_keys,
     check_legacy_model_keys,
@@ -104,7 +106,14 @@ def test_a_name_added_to_the_functional_layer_needs_no_second_edit(monkeypatch, 
         (lambda: OptimConfig(lr=0), r"model.optim.lr must be a finite number > 0 or null, got 0"),
         (lambda: OptimConfig(lr_schedule="step"), r"model.optim.lr_schedule must be one of .*got 'step'"),
         (lambda: PolicyConfig(dtype="int8"), r"model.policy.dtype must be one of .*got 'int8'"),
-        (lambda: AdvantageConfig(rollout_is_threshold=-1.0), r"model.advantages.rollout_is_threshold .* got -1.0"),
+        (
+            lambda: RolloutCorrectionConfig(level="token", upper=-1.0),
+            r"model.rollout_correction.upper must be a finite number > 0, got -1.0",
+        ),
+        (
+            lambda: RolloutCorrectionConfig(mode="mask"),
+            r"model.rollout_correction.mode='mask' is set but the correction is off \(model.rollout_correction.level",
+        ),
     ],
 )
 def test_out_of_range_settings_name_the_setting_and_the_value(make, message):
@@ -170,6 +179,38 @@ def test_settings_round_trip_through_plain_checkpoint_data():
     restored = RFTSettings.build(**hparams)
     assert restored.ppo == PPOConfig(gamma=0.9) and restored.evaluation.pass_k == [1, 4]
     assert dataclasses.replace(settings, optim=OptimConfig(warmup_steps=2)) == restored
+
+
+def test_the_truncated_is_threshold_is_refused_and_carried_over_from_checkpoints():
+    new = "model.rollout_correction.upper (with level: token, mode: truncate)"
+    for old in ({"advantages": {"rollout_is_threshold": 2.0}}, {"rollout_is_threshold": 2.0}):
+        key = "advantages.rollout_is_threshold" if "advantages" in old else "rollout_is_threshold"
+        with pytest.raises(ValueError, match=re.escape(f"model.{key} -> {new}")):
+            check_legacy_model_keys(old, "old.yaml")
+    saved = {"advantages": {"scale": "batch", "rollout_is_threshold": 3.0}}
+    settings = RFTSettings.build(**carry_over_renamed_keys(saved))
+    assert settings.advantages.scale == "batch" and saved["advantages"]["rollout_is_threshold"] == 3.0
+    assert settings.rollout_correction == RolloutCorrectionConfig(level="token", mode="truncate", upper=3.0)
+    off = RFTSettings.build(**carry_over_renamed_keys({"advantages": {"rollout_is_threshold": None}}))
+    assert not off.rollout_correction.enabled
+
+
+def test_correction_refuses_a_policy_loss_without_token_weights():
+    from lit_entropy.functional.registry import POLICY_LOSSES, register_policy_loss
+
+    @register_policy_loss("test_unweighted")
+    def unweighted(logprobs, old_logprobs, advantages, mask, **extra):
+        raise AssertionError("not called")
+
+    try:
+        RFTSettings.build(loss=LossConfig(policy_loss="test_unweighted"))  # fine without correction
+        with pytest.raises(ValueError, match="model.loss.policy_loss='test_unweighted' takes no token_weights"):
+            RFTSettings.build(
+                loss=LossConfig(policy_loss="test_unweighted"),
+                rollout_correction=RolloutCorrectionConfig(level="token"),
+            )
+    finally:
+        POLICY_LOSSES.unregister("test_unweighted")
 
 
 def test_every_legacy_key_points_at_an_existing_setting():

@@ -140,6 +140,15 @@ def _check_positive(name: str, value: float | None) -> None:
         check_number(name, value, low=0.0, low_open=True)
 
 
+def _check_shapes(per_token_loss: Tensor, mask: Tensor, token_weights: Tensor | None) -> None:
+    if per_token_loss.shape != mask.shape or per_token_loss.dim() != 2:
+        raise ValueError(
+            f"per_token_loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} must share one [B, T] shape"
+        )
+    if token_weights is not None and token_weights.shape != mask.shape:
+        raise ValueError(f"token_weights {tuple(token_weights.shape)} must have mask's shape {tuple(mask.shape)}")
+
+
 def aggregate_loss(
     per_token_loss: Tensor,
     mask: Tensor,
@@ -147,6 +156,7 @@ def aggregate_loss(
     *,
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar (verl's ``agg_loss`` semantics).
 
@@ -169,19 +179,20 @@ def aggregate_loss(
             Then ``sum(shard losses)`` over mini-batches or ranks equals the full-batch loss
             exactly, e.g. gradient accumulation over micro-batches with the global token count.
         loss_scale_factor: the constant of ``seq-mean-token-sum-norm`` (> 0); ignored otherwise.
+        token_weights: ``[B, T]`` detached weights multiplying each token's loss before the reduction (rollout
+            correction, :mod:`lit_entropy.functional.rollout_correction`); the counts are unchanged.
 
     Returns:
         Scalar tensor (0 when nothing is valid).
     """
     check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    if per_token_loss.shape != mask.shape or per_token_loss.dim() != 2:
-        raise ValueError(
-            f"per_token_loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} must share one [B, T] shape"
-        )
+    _check_shapes(per_token_loss, mask, token_weights)
     _check_positive("normalizer", normalizer)
     _check_positive("loss_scale_factor", loss_scale_factor)
     mask = as_bool_mask(mask)
     dtype = per_token_loss.dtype
+    if token_weights is not None:
+        per_token_loss = per_token_loss * torch.where(mask, token_weights.detach().to(dtype), 0.0)
     if loss_agg_mode in ("token-mean", "token-sum"):
         total = masked_sum(per_token_loss, mask)
         count = mask.sum() if loss_agg_mode == "token-mean" else torch.ones((), device=mask.device)
@@ -212,6 +223,7 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO clipped surrogate with asymmetric (clip-higher) ratio bounds and optional dual clip.
 
@@ -229,9 +241,8 @@ def policy_loss(
         clip_ratio_low: ``eps_low >= 0``.
         clip_ratio_high: ``eps_high >= 0`` (DAPO clip-higher uses 0.28).
         clip_ratio_c: dual-clip constant ``> 1`` or None (off).
-        loss_agg_mode: see :func:`aggregate_loss`.
-        normalizer: global denominator, see :func:`aggregate_loss`.
-        loss_scale_factor: constant of ``seq-mean-token-sum-norm``.
+        loss_agg_mode, normalizer, loss_scale_factor: see :func:`aggregate_loss`.
+        token_weights: ``[B, T]`` rollout-correction weights of each token's loss term (see :func:`aggregate_loss`).
 
     Returns:
         ``(loss, stats)``: scalar loss (float32 or float64) and :class:`PolicyLossStats`.
@@ -257,7 +268,8 @@ def policy_loss(
     per_token = torch.maximum(unclipped, clipped)
     if clip_ratio_c is not None:
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    agg = {"normalizer": normalizer, "loss_scale_factor": loss_scale_factor, "token_weights": token_weights}
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg)
     return loss, _policy_loss_stats(log_ratio, ratio, adv, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
@@ -315,6 +327,7 @@ def ppo_policy_loss(
     loss_agg_mode: str,
     normalizer: float | Tensor | None,
     loss_scale_factor: float | None,
+    token_weights: Tensor | None = None,
     **extra: Any,
 ) -> tuple[Tensor, PolicyLossStats]:
     """The registered ``ppo`` policy loss: :func:`policy_loss` with the registry's signature.
@@ -332,6 +345,7 @@ def ppo_policy_loss(
         loss_agg_mode=loss_agg_mode,
         normalizer=normalizer,
         loss_scale_factor=loss_scale_factor,
+        token_weights=token_weights,
     )
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.policy_loss import LOG_RATIO_CLAMP, PolicyLossStats, aggregate_loss
-from lit_entropy.functional.policy_losses_sequence import _check, _prepare, _stats
+from lit_entropy.functional.policy_losses_sequence import _agg, _check, _prepare, _stats
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = ["cispo_policy_loss"]
@@ -30,6 +30,7 @@ def cispo_policy_loss(
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
+    token_weights: Tensor | None = None,
     **extra: Any,
 ) -> tuple[Tensor, PolicyLossStats]:
     """CISPO: per token ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``, aggregated over ``mask``.
@@ -47,6 +48,7 @@ def cispo_policy_loss(
         clip_ratio_low, clip_ratio_high: the weight's range ``[1 - eps_low, 1 + eps_high]``.
         clip_ratio_c: not read (the weight is already capped; no dual clip).
         loss_agg_mode, normalizer, loss_scale_factor: see :func:`~lit_entropy.functional.aggregate_loss`.
+        token_weights: ``[B, T]`` rollout-correction weights multiplying each token's loss term; None = 1.
         extra: not read.
 
     Returns:
@@ -60,7 +62,7 @@ def cispo_policy_loss(
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = -weight * adv * lp
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
     # the weight is capped whatever the advantage's sign, so both cuts count
     low, high = ratio < 1.0 - clip_ratio_low, ratio > 1.0 + clip_ratio_high
     return loss, _stats(low, high, ratio, log_ratio, mask)

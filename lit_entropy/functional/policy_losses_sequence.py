@@ -92,6 +92,11 @@ def _stats(low: Tensor, high: Tensor, ratio: Tensor, token_log_ratio: Tensor, ma
     )
 
 
+def _agg(normalizer: float | Tensor | None, loss_scale_factor: float | None, token_weights: Tensor | None) -> dict:
+    """:func:`aggregate_loss`'s keyword options (``token_weights``: rollout correction of each token's loss term)."""
+    return {"normalizer": normalizer, "loss_scale_factor": loss_scale_factor, "token_weights": token_weights}
+
+
 def _check(clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str, loss_scale_factor: float | None) -> None:
     check_policy_loss_args(
         clip_ratio_low=clip_ratio_low,
@@ -116,6 +121,7 @@ def gspo_policy_loss(
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
     response_mask: Tensor | None = None,
+    token_weights: Tensor | None = None,
     **extra: Any,
 ) -> tuple[Tensor, PolicyLossStats]:
     """GSPO (Zheng et al. 2025): clipped surrogate on the sequence ratio ``s_i = exp(mean_t log r_it)``.
@@ -136,6 +142,7 @@ def gspo_policy_loss(
         clip_ratio_c: not read (no dual clip).
         loss_agg_mode, normalizer, loss_scale_factor: see :func:`~lit_entropy.functional.aggregate_loss`.
         response_mask: ``[N, T]`` bool valid response tokens (the ratio's tokens); ``mask`` when None.
+        token_weights: ``[N, T]`` rollout-correction weights multiplying each token's loss term; None = 1.
 
     Returns:
         ``(loss, stats)``; clip fractions count the loss tokens of sequences whose clip binds.
@@ -147,7 +154,7 @@ def gspo_policy_loss(
     clipped = seq_ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_seq = torch.maximum(-seq_adv * seq_ratio, -seq_adv * clipped)
     per_token = per_seq.unsqueeze(-1).expand(mask.shape)
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
     low, high = clipped_token_masks(
         seq_ratio.detach(), seq_adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
     )
@@ -169,6 +176,7 @@ def gspo_token_policy_loss(
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
     response_mask: Tensor | None = None,
+    token_weights: Tensor | None = None,
     **extra: Any,
 ) -> tuple[Tensor, PolicyLossStats]:
     """GSPO-token: the clipped surrogate on ``s_it = sg[s_i] * pi_it / sg[pi_it]``, per token.
@@ -186,7 +194,7 @@ def gspo_token_policy_loss(
     log_s = sequence_log_ratio(log_ratio, response).detach().unsqueeze(-1)
     ratio = torch.exp(lp - lp.detach() + log_s)
     per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high))
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
     low, high = clipped_token_masks(ratio.detach(), adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     return loss, _stats(low, high, ratio, log_ratio, mask)
 
@@ -205,6 +213,7 @@ def gmpo_policy_loss(
     normalizer: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
     response_mask: Tensor | None = None,
+    token_weights: Tensor | None = None,
     **extra: Any,
 ) -> tuple[Tensor, PolicyLossStats]:
     """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, clipped token-wise in log space.
@@ -231,7 +240,7 @@ def gmpo_policy_loss(
     geo_ratio = torch.exp(sequence_log_ratio(pessimistic, response))
     seq_adv = masked_mean(adv, response, dim=-1)
     per_token = (-seq_adv * geo_ratio).unsqueeze(-1).expand(mask.shape)
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, normalizer=normalizer, loss_scale_factor=loss_scale_factor)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
     r = log_ratio.detach()
     low = (adv < 0) & (r < -clip_ratio_low)
     high = (adv > 0) & (r > clip_ratio_high)

@@ -10,7 +10,9 @@ Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
   clip_ratio_c, loss_agg_mode, normalizer, loss_scale_factor, **extra) -> (loss, PolicyLossStats)``.
   ``mask`` is the loss mask (the response mask narrowed by callbacks); ``extra`` holds at least
   ``response_mask`` (every valid response token, e.g. for sequence-level ratios). A loss ignores the
-  extras it does not read.
+  extras it does not read, except ``token_weights`` (``[N, T]`` rollout-correction weights, given only when
+  ``model.rollout_correction`` is on): a loss must multiply each token's loss term by them, and one without a
+  ``token_weights`` parameter is refused with the correction on (:func:`policy_loss_takes_token_weights`).
 - advantage estimator: ``(token_rewards, mask, *, group_size, values=None, **extra) -> (advantages,
   returns | None)``; ``token_rewards`` ``[N, T]`` holds each sequence's reward at its last valid token
   (:func:`outcome_token_rewards`), rows are consecutive groups of ``group_size`` samples of one prompt,
@@ -21,6 +23,7 @@ Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -35,6 +38,7 @@ __all__ = [
     "Registry",
     "UnknownNameError",
     "estimator_needs_values",
+    "policy_loss_takes_token_weights",
     "outcome_token_rewards",
     "check_group_size",
     "estimator_min_group_size",
@@ -150,6 +154,12 @@ ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Re
 def register_policy_loss(name: str) -> Callable[[F], F]:
     """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`."""
     return POLICY_LOSSES.register(name)
+
+
+def policy_loss_takes_token_weights(name: str) -> bool:
+    """Whether the policy loss ``name`` names a ``token_weights`` parameter (rollout correction; ``**extra`` is not
+    enough: a loss that swallows the weights unread would train uncorrected)."""
+    return "token_weights" in inspect.signature(POLICY_LOSSES[name]).parameters
 
 
 def register_advantage_estimator(name: str, *, needs_values: bool = False, min_group_size: int = 1) -> Callable[[F], F]:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
 from lit_entropy.functional.overlong import truncated_rows
+from lit_entropy.functional.rollout_correction import mismatch_metrics
 from lit_entropy.metrics import TokenEntropy
 from lit_entropy.reporting.overview import MASKED_FRAC_TAG
 from lit_entropy.rollout.base import RolloutEngine
@@ -320,14 +321,20 @@ class TrainDashboard(nn.Module):
         log("entropy", entropy, prog_bar=True, logger=False, batch_size=1)
 
     def _gap(self, experience: Any) -> dict[str, float]:
-        """Trainer minus rollout-engine log-prob of the sampled tokens (engines that report log-probs)."""
+        """Trainer minus rollout-engine log-prob of the sampled tokens, and the mismatch metrics (KL k1 / k3,
+        perplexity ratio, the correction weights' ESS and fractions above / below its bounds) of the global batch
+        (engines that report log-probs)."""
         mask = experience.response_mask
         sums, extremes = _moments(experience.rollout_gap.abs(), mask)
         sums, extremes = all_reduce_sum(sums), all_reduce_max(extremes)
-        return {
+        out = {
             "train/rollout/logprob_gap_mean": float(sums[1]) / max(float(sums[0]), 1.0),
             "train/rollout/logprob_gap_max": float(extremes[0]),
         }
+        if experience.mismatch is not None:
+            metrics = mismatch_metrics(all_reduce_sum(experience.mismatch.clone()))
+            out.update({f"train/rollout/{name}": value for name, value in metrics.items()})
+        return out
 
     def _perf(self, run: DashboardRun, experience: Any) -> dict[str, float]:
         """``perf/time_<phase>_s`` of this rank, generated tokens per second (global), peak memory (this rank)."""

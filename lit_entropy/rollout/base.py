@@ -103,7 +103,13 @@ class RolloutEngine(ABC):
 
     A config gives an engine by ``class_path`` (``model.rollout``); the module calls :meth:`attach` at setup
     with what the engine takes from the policy, and :meth:`close` at teardown if ``attach`` started it.
+
+    Attributes:
+        reports_logprobs: :meth:`generate` fills ``rollout_logprobs`` (the mismatch metrics and
+            ``model.rollout_correction`` need them).
     """
+
+    reports_logprobs: ClassVar[bool] = False
 
     def attach(
         self, model_name_or_path: str, eos_token_id: int | list[int] | None, pad_token_id: int, seed: int

@@ -142,6 +142,8 @@ class VLLMRolloutEngine(RolloutEngine):
             ``kv_cache_memory_bytes``, ``load_format="dummy"``, ...); they override the ones set here.
     """
 
+    reports_logprobs = True
+
     def __init__(
         self,
         model_name_or_path: str | None = None,

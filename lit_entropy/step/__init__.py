@@ -8,8 +8,8 @@ from lit_entropy.step.experience import (
     RolloutStatistics,
     advantage_options,
     build_experience,
+    rollout_mismatch,
     token_advantages,
-    truncated_is_weights,
 )
 from lit_entropy.step.forward import ResponseForward, response_forward, response_logits, value_estimates
 from lit_entropy.step.loss import UpdateLoss, global_loss_normalizer, rows_update_loss, update_loss
@@ -38,8 +38,8 @@ __all__ = [
     "row_slices",
     "rows_update_loss",
     "single_update",
+    "rollout_mismatch",
     "token_advantages",
-    "truncated_is_weights",
     "update_loss",
     "updates_per_batch",
     "value_estimates",

@@ -11,6 +11,7 @@ from torch import Tensor
 from lit_entropy.functional.entropy import EntropyStats
 from lit_entropy.functional.overlong import overlong_penalty, truncated_rows
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, estimator_needs_values, outcome_token_rewards
+from lit_entropy.functional.rollout_correction import mismatch_sums, rollout_correction
 from lit_entropy.protocol import TokenMaskContext
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
@@ -22,8 +23,8 @@ __all__ = [
     "RolloutStatistics",
     "advantage_options",
     "build_experience",
+    "rollout_mismatch",
     "token_advantages",
-    "truncated_is_weights",
 ]
 
 
@@ -70,11 +71,14 @@ class Experience(RowTensors, holds=lambda f: True):
         rollout: the sampled batch.
         update_forward: the update's own forward (with its graph) when it doubles as the statistics pass.
         coefficients: loss coefficients for this batch (``entropy_coef``: the setting or a callback's value).
+        mismatch: this rank's :func:`~lit_entropy.functional.rollout_correction.mismatch_sums` of the whole batch
+            (float64 ``[10]``), None unless the engine reports log-probs.
     """
 
     rollout: RolloutBatch
     update_forward: ResponseForward | None = None
     coefficients: dict[str, float] = field(default_factory=dict)
+    mismatch: Tensor | None = None
 
     @property
     def response_mask(self) -> Tensor:
@@ -125,12 +129,25 @@ def token_advantages(
     return advantages.float(), returns
 
 
-def truncated_is_weights(gap: Tensor, threshold: float) -> Tensor:
-    """Truncated importance weights ``min(exp(logp_trainer - logp_rollout), threshold)`` per token.
+def rollout_mismatch(
+    trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, settings: RFTSettings
+) -> tuple[Tensor | None, Tensor]:
+    """``model.rollout_correction``'s weights ``[N, T]`` (None when off) and the mismatch sums of the batch.
 
-    The surrogate is linear in the advantage, so weighting A weights each token's loss.
+    Args:
+        trainer_logprobs: ``[N, T]`` the statistics pass's log-probs of the sampled tokens.
+        rollout_logprobs: ``[N, T]`` the engine's.
+        mask: ``[N, T]`` bool response mask.
+        settings: the run's settings.
     """
-    return gap.exp().clamp(max=threshold)
+    config = settings.rollout_correction
+    if not config.enabled:
+        return None, mismatch_sums(trainer_logprobs, rollout_logprobs, mask)
+    correction = rollout_correction(
+        trainer_logprobs, rollout_logprobs, mask, level=config.level, mode=config.mode, upper=config.upper,
+        lower=config.lower,
+    )  # fmt: skip
+    return correction.weights, mismatch_sums(trainer_logprobs, rollout_logprobs, mask, correction, level=config.level)
 
 
 def build_experience(
@@ -141,12 +158,14 @@ def build_experience(
     *,
     eos_token_ids: Sequence[int] = (),
 ) -> Experience:
-    """Advantages (the registered estimator, optionally truncated-IS weighted) on top of the statistics pass.
+    """Advantages (the registered estimator) and the rollout correction on top of the statistics pass.
 
     ``rewards`` ``[N]`` are kept as scored (correctness reads them); the advantages see them plus the overlong
     penalty (``model.reward.overlong_buffer``). The loss mask starts as the response mask, less the truncated
     rows under ``model.loss.mask_truncated`` (a row of ``max_new_tokens`` tokens not ending in one of
-    ``eos_token_ids``); callbacks narrow it afterwards.
+    ``eos_token_ids``); callbacks narrow it afterwards. With an engine that reports log-probs, the rollout
+    correction's weights (``model.rollout_correction``) are kept apart from the advantages: they multiply each
+    token's policy-loss term, so the callbacks and the dashboard read the estimator's advantages.
     """
     mask = rollout.response_mask
     max_new_tokens = settings.sampling.max_new_tokens
@@ -161,12 +180,13 @@ def build_experience(
     if settings.loss.mask_truncated:
         truncated = truncated_rows(rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
         loss_mask = mask & ~truncated.unsqueeze(-1)
-    gap = None
+    gap = weights = mismatch = None
     if rollout.rollout_logprobs is not None:
         # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision).
         gap = (statistics.old_logprobs - rollout.rollout_logprobs).masked_fill(~mask, 0.0)
-        if settings.advantages.rollout_is_threshold is not None:
-            advantages = advantages * truncated_is_weights(gap, settings.advantages.rollout_is_threshold)
+        weights, mismatch = rollout_mismatch(statistics.old_logprobs, rollout.rollout_logprobs, mask, settings)
     tensors = {**statistics.row_tensors(), "rewards": rewards, "advantages": advantages, "returns": returns}
-    tensors.update(loss_mask=loss_mask, rollout_gap=gap)
-    return Experience.from_row_tensors(tensors, rollout=rollout, update_forward=statistics.update_forward)
+    tensors.update(loss_mask=loss_mask, rollout_gap=gap, rollout_weights=weights)
+    return Experience.from_row_tensors(
+        tensors, rollout=rollout, update_forward=statistics.update_forward, mismatch=mismatch
+    )

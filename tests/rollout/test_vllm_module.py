@@ -11,7 +11,7 @@ from lit_entropy.assets import default_model_path
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
-from lit_entropy.settings import AdvantageConfig, EvaluationConfig, LoggingConfig, OptimConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, RolloutCorrectionConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -26,10 +26,8 @@ def test_vllm_rollout_without_vllm_names_the_extra():
 def test_invalid_rollout_settings():
     with pytest.raises(TypeError, match="model.rollout must be a lit_entropy.rollout.RolloutEngine .* got 'sglang'"):
         RFTModule(rollout="sglang")
-    with pytest.raises(
-        ValueError, match=r"model.advantages.rollout_is_threshold must be a finite number > 0 or null, got 0.0"
-    ):
-        AdvantageConfig(rollout_is_threshold=0.0)
+    with pytest.raises(ValueError, match=r"model.rollout_correction.upper must be a finite number > 0, got 0.0"):
+        RolloutCorrectionConfig(level="token", upper=0.0)
 
 
 @pytest.mark.vllm
@@ -39,7 +37,7 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     seed_everything(0)
     module = RFTModule(
         rollout=VLLMRolloutEngine(max_model_len=64, gpu_memory_utilization=0.1, dtype="float32"),
-        advantages=AdvantageConfig(rollout_is_threshold=2.0),
+        rollout_correction=RolloutCorrectionConfig(level="token", upper=2.0),
         logging=LoggingConfig(export_dir=str(tmp_path / "hf_model")),
         optim=OptimConfig(lr=1e-2),  # large enough that the trained policy differs measurably from the shipped one
         sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
@@ -61,6 +59,10 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     # Both sides compute float32 log-probs of the same weights (vLLM's CPU default "auto" would run
     # bfloat16 and give gaps of ~4e-3): the gap is tiny but measured.
     assert 0 <= float(metrics["train/rollout/logprob_gap_mean"]) < 1e-4
+    assert abs(float(metrics["train/rollout/kl_k1"])) < 1e-4 and 0 <= float(metrics["train/rollout/kl_k3"]) < 1e-6
+    assert float(metrics["train/rollout/ess"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(metrics["train/rollout/ppl_ratio"]) == pytest.approx(1.0, abs=1e-4)
+    assert float(metrics["train/rollout/frac_above"]) == 0.0 == float(metrics["train/rollout/frac_below"])
     assert not module.rollout_engine.started, "the engine the module started is closed at teardown"
 
     # The exported policy is what vLLM serves: a fresh engine on the export directory samples with

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import lightning  # noqa: F401
 import pytest
 
 from lit_entropy.cli import main
 from lit_entropy.cli.parse_errors import explain_parse_error
 
+# `lightning` is imported above, outside any test: the CLI imports it lazily, and imported inside a test its
+# log handler would keep that test's capsys stream, closed afterwards ("--- Logging error ---" in later tests).
 GRPO_TINY = Path(__file__).parents[2] / "configs" / "grpo_tiny.yaml"
 # Should a case not fail, it must not train for long or write anywhere.
 SAFE = ["--trainer.logger=false", "--trainer.max_steps=1", "--val_before_train=false", "--trainer.limit_val_batches=0"]

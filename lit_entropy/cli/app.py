@@ -44,7 +44,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "enable_model_summary": False,
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        # No placeholder `hp_metric`: RFTModule's HParamsSummary declares val/avg@K and val/pass@k as the hp metrics.
+        # No placeholder `hp_metric` (it would add an experiment summary): HPARAMS takes its metrics from the scalars.
         "init_args": {"save_dir": "runs", "name": "lit_entropy", "default_hp_metric": False},
     },
 }

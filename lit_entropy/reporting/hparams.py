@@ -1,13 +1,16 @@
-"""The HPARAMS tab: the method's settings (model groups, data, entropy callbacks) beside the headline metrics.
+"""The HPARAMS tab: the method's settings (model groups, data, entropy callbacks), one row per run.
 
 Only what shapes the method is shown: the module's settings groups but sample logging and export
 (``model/logging``), the data settings but the loader plumbing, and each token callback's effective
-arguments (:meth:`~lit_entropy.callbacks.TokenCallback.hparams`). Checkpointing, console and other
-Lightning callbacks are not settings of the method and are left out.
+arguments (:meth:`~lit_entropy.callbacks.TokenCallback.hparams`) under ``callbacks/<Class>/``, with
+``callbacks`` naming them (``none`` without any). Checkpointing, console and other Lightning callbacks
+are not settings of the method and are left out.
 
-TensorBoard shows the first five hyper-parameters of its table, those marked ``differs`` first, then by
-name: the callbacks' arguments and :data:`HEADLINE` are marked, so the table opens on the method. The
-row of a run is named ``<logger name> v<version>`` (a name TensorBoard's Trial ID column shows whole).
+Each run writes only its session (its settings and its row name, ``<logger name> v<version>``, which
+the Trial ID column shows whole), no experiment summary: TensorBoard reads the experiment summary of
+one arbitrary run, so a GRPO run's would hide a Clip_B run's callback columns. From the sessions it
+builds the union of every run's columns, shows those whose values differ between runs first, and takes
+the metrics from the runs' scalars: the first five it shows are the ``overview/`` cards.
 """
 
 from __future__ import annotations
@@ -20,18 +23,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_entropy.internals.tensorboard import event_file_writer
-from lit_entropy.reporting.evaluation import evaluation_tags
 
-__all__ = ["HEADLINE", "HParamsSummary", "flatten_hparams", "method_callbacks", "run_hparams", "run_label"]
-
-HEADLINE = (
-    "model/algorithm",
-    "model/advantages/estimator",
-    "model/loss/policy_loss",
-    "model/optim/lr",
-    "model/sampling/num_samples",
-)
-"""Model settings the HPARAMS table shows first, after the callbacks' arguments."""
+__all__ = ["HParamsSummary", "flatten_hparams", "method_callbacks", "run_hparams", "run_label"]
 
 _NOT_METHOD_MODEL = frozenset({"logging"})
 #: Data settings that move data around without changing it (the tokenizer is the policy's, linked).
@@ -39,13 +32,16 @@ _NOT_METHOD_DATA = frozenset({"num_workers", "cache_dir", "tokenizer_name_or_pat
 
 
 def flatten_hparams(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``; values TensorBoard cannot show (None, lists...) become strings."""
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``; values TensorBoard cannot show (None, lists...) become strings, and so
+    do booleans (torch's summary would show them as 0.0000 / 1.0000)."""
     out: dict[str, Any] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             out.update(flatten_hparams(value, f"{name}/"))
-        elif isinstance(value, (bool, int, float, str)):
+        elif isinstance(value, bool):
+            out[name] = str(value)
+        elif isinstance(value, (int, float, str)):
             out[name] = value
         else:
             out[name] = str(value)
@@ -65,7 +61,8 @@ def method_callbacks(trainer: Trainer) -> list[Any]:
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-    """The method's settings, flat: ``model/<group>/...``, ``data/...`` and ``callbacks/<Class>/<argument>``.
+    """The method's settings, flat: ``model/<group>/...``, ``data/...``, ``callbacks`` (the callbacks' names, comma
+    separated, or ``none``) and ``callbacks/<Class>/<argument>``.
 
     Two callbacks of one class are told apart as ``<Class>``, ``<Class>_2``, ...
     """
@@ -83,8 +80,10 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
             name, number = f"{type(callback).__name__}_{number}", number + 1
         hparams = getattr(callback, "hparams", None)
         callbacks[name] = hparams() if callable(hparams) else {}
-    params["callbacks"] = callbacks
-    return flatten_hparams(params)
+    flat = flatten_hparams(params)
+    flat.update(flatten_hparams({"callbacks": callbacks}))
+    flat["callbacks"] = ", ".join(callbacks) or "none"
+    return flat
 
 
 def run_label(logger: TensorBoardLogger) -> str:
@@ -95,43 +94,33 @@ def run_label(logger: TensorBoardLogger) -> str:
 
 
 class HParamsSummary(Callback):
-    """Write the method's settings to TensorBoard's HPARAMS tab at fit start (:func:`run_hparams`).
+    """Write the run's session to TensorBoard's HPARAMS tab at fit start: :func:`run_hparams`, named :func:`run_label`.
 
-    The validation headline metrics (``val/avg@K`` and the ``val/pass@k`` ladder) are declared as the
-    hp metrics, so runs compare side by side. The summary is written directly rather than through
-    ``TensorBoardLogger.log_hyperparams(params, metrics)``, which would also write the metrics' given
-    placeholder values as scalar points at step 0, next to the real step-0 validation.
+    Written directly rather than through ``TensorBoardLogger.log_hyperparams``, which would add an experiment
+    summary (see the module's docstring) and placeholder metric values as scalar points at step 0.
     """
 
     @rank_zero_only
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        settings = getattr(pl_module, "settings", None)
-        if not loggers or settings is None:
+        if not loggers or getattr(pl_module, "settings", None) is None:
             return
-        tags = evaluation_tags("val", settings.evaluation.num_samples, settings.evaluation.pass_ks())
         params = run_hparams(trainer, pl_module)
-        first = {name for name in params if name.startswith("callbacks/") or name in HEADLINE}
         for logger in loggers:
             writer = event_file_writer(logger.experiment)
-            for summary in _summaries(params, tags, first, run_label(logger)):
+            for summary in session_summaries(params, run_label(logger)):
                 writer.add_summary(summary)
 
 
-def _summaries(params: dict[str, Any], metric_tags: list[str], first: set[str], label: str) -> list[Any]:
-    """torch's HPARAMS summaries (experiment, session start, session end) with ``first`` marked ``differs`` and
-    the session's group named ``label``."""
+def session_summaries(params: dict[str, Any], label: str) -> list[Any]:
+    """torch's HPARAMS session summaries (start with ``params``, end) without the experiment summary, the session's
+    group named ``label``."""
     from tensorboard.plugins.hparams import plugin_data_pb2
     from torch.utils.tensorboard.summary import hparams
 
-    summaries = list(hparams(params, dict.fromkeys(metric_tags, 0.0)))
-    for summary in summaries[:2]:
-        value = summary.value[0]
-        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
-        if data.HasField("experiment"):
-            for info in data.experiment.hparam_infos:
-                info.differs = info.name in first
-        else:
-            data.session_start_info.group_name = label
-        value.metadata.plugin_data.content = data.SerializeToString()
-    return summaries
+    _, start, end = hparams(params, {})
+    value = start.value[0]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    data.session_start_info.group_name = label
+    value.metadata.plugin_data.content = data.SerializeToString()
+    return [start, end]

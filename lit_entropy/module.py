@@ -40,6 +40,7 @@ from lit_entropy.settings import (
     UpdateConfig,
 )
 from lit_entropy.step import (
+    SHARE_TERMS,
     Experience,
     ResponseForward,
     RolloutStatistics,
@@ -55,6 +56,7 @@ from lit_entropy.step import (
     updates_per_batch,
     value_estimates,
 )
+from lit_entropy.step.micro_batches import forward_parts, micro_batches
 from lit_entropy.step.skips import SkippedUpdates
 
 __all__ = ["RFTModule"]
@@ -277,20 +279,19 @@ class RFTModule(LightningModule):
         """
         rows = rollout.response_mask.shape[0]
         want_average = "policy_average" in protocol.required_token_mask_fields(attached_trainer(self))
-        reuse = self.reuses_statistics_forward(rows)
+        plan = micro_batches(rollout, self.settings.update)
+        reuse = self.reuses_statistics_forward(rows) and len(plan) == 1
         parts = []
-        for part in row_slices(rows, self.settings.update.micro_batch_size):
-            part = rollout.select(part)
+        for index, part in forward_parts(rollout, plan, reuse=reuse):
             with torch.set_grad_enabled(reuse):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = self.reference_logprobs(part)
             values = None if self.value_head is None else self.values(part, forward.hidden)
-            parts.append(
-                RolloutStatistics.from_passes(
-                    forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None
-                )
+            stats = RolloutStatistics.from_passes(
+                forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None
             )
-        return RolloutStatistics.cat(parts)
+            parts.append((index, stats))
+        return RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])
 
     def reference_logprobs(self, rollout: RolloutBatch) -> Tensor | None:
         """Log-probs ``[n, T]`` of the KL term's reference: the frozen reference model, or for a LoRA policy the policy
@@ -330,18 +331,21 @@ class RFTModule(LightningModule):
                 index = order[mini]
                 normalizer = self.loss_normalizer(experience.loss_mask[index])
                 finite = True
-                for micro in row_slices(index.numel(), update.micro_batch_size):
-                    out = self.minibatch_loss(experience.rows(index[micro]), normalizer, reused)
+                for micro in [index] if reused else micro_batches(experience.rollout, update, index):
+                    trim = update.max_tokens_per_micro_batch is not None and not reused
+                    out = self.minibatch_loss(experience.micro_batch(micro, trim=trim), normalizer, reused)
                     finite &= bool(torch.isfinite(out.loss.detach()))
-                    # Backward even on a non-finite loss: under data parallel every rank must join the
-                    # gradient collectives; the step is skipped afterwards.
+                    # Backward even on a non-finite loss or an empty micro-batch: under data parallel every rank
+                    # must join the gradient collectives; the step is skipped afterwards.
                     self.manual_backward(out.loss)
-                    for key, value in out.terms.items():
-                        sums[key] = sums.get(key, 0.0) + float(value)
-                    count += 1
+                    if micro.numel():
+                        for key, value in out.terms.items():
+                            sums[key] = sums.get(key, 0.0) + float(value)
+                        count += 1
                 norms.append(self.clip_and_step(optimizer, finite_loss=finite))
                 scheduler.step()
-        out = {key: value / max(count, 1) for key, value in sums.items()}
+        # A step's shares add up over its micro-batches; the other terms are means over micro-batches.
+        out = {key: value / max(len(norms) if key in SHARE_TERMS else count, 1) for key, value in sums.items()}
         out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
         return out
 

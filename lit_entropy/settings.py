@@ -267,6 +267,10 @@ class UpdateConfig:
     """Sequences per optimizer step (per rank); null = the whole rollout batch."""
     micro_batch_size: int | None = None
     """Sequences per forward pass (gradient accumulation); null = the mini-batch."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of one forward (prompt + response positions, padding included): rows are sorted by length and
+    grouped so each micro-batch holds as many as fit, in the statistics pass and the update (with
+    ``micro_batch_size`` too, both limit); a longer row runs alone. null = ``micro_batch_size`` rows per forward."""
     reuse_statistics_forward: bool = True
     """With exactly one update per rollout batch, reuse the update's forward for the old log-probs and
     statistics instead of a separate no-grad pass (as TRL does)."""
@@ -277,6 +281,8 @@ class UpdateConfig:
         check_number("model.update.epochs", self.epochs, low=1, integer=True)
         check_number("model.update.mini_batch_size", self.mini_batch_size, low=1, integer=True, optional=True)
         check_number("model.update.micro_batch_size", self.micro_batch_size, low=1, integer=True, optional=True)
+        budget = self.max_tokens_per_micro_batch
+        check_number("model.update.max_tokens_per_micro_batch", budget, low=1, integer=True, optional=True)
         check_number("model.update.max_consecutive_skips", self.max_consecutive_skips, low=1, integer=True)
 
 

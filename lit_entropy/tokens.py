@@ -153,6 +153,24 @@ class RowTensors:
         """The selected rows of every held tensor (``index``: a row index tensor or a slice)."""
         return self.with_row_tensors({k: None if t is None else t[index] for k, t in self.row_tensors().items()})
 
+    def narrow_columns(self: R, width: int) -> R:
+        """The first ``width`` token columns of every per-token tensor (per-row tensors unchanged)."""
+        per_token = {f.name for f in ROLLOUT_FIELDS if f.per_token}
+        return self.with_row_tensors(
+            {k: t[:, :width] for k, t in self.row_tensors().items() if t is not None and k in per_token}
+        )
+
+    def widen_columns(self: R, width: int) -> R:
+        """Every per-token tensor right-padded with zeros (False) to ``width`` token columns."""
+        per_token = {f.name for f in ROLLOUT_FIELDS if f.per_token}
+        return self.with_row_tensors(
+            {
+                k: torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                for k, t in self.row_tensors().items()
+                if t is not None and k in per_token
+            }
+        )
+
     def detach(self: R) -> R:
         """A copy whose held tensors are detached from any graph."""
         return self.with_row_tensors({k: None if t is None else t.detach() for k, t in self.row_tensors().items()})

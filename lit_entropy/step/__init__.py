@@ -12,7 +12,7 @@ from lit_entropy.step.experience import (
     token_advantages,
 )
 from lit_entropy.step.forward import ResponseForward, response_forward, response_logits, value_estimates
-from lit_entropy.step.loss import UpdateLoss, global_loss_normalizer, rows_update_loss, update_loss
+from lit_entropy.step.loss import SHARE_TERMS, UpdateLoss, global_loss_normalizer, rows_update_loss, update_loss
 from lit_entropy.step.schedule import (
     build_optimizer,
     clip_grad_norm_and_agree,
@@ -23,6 +23,7 @@ from lit_entropy.step.schedule import (
 )
 
 __all__ = [
+    "SHARE_TERMS",
     "Experience",
     "ResponseForward",
     "RolloutStatistics",

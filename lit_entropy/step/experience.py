@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from lit_entropy.functional.entropy import EntropyStats
@@ -16,6 +17,7 @@ from lit_entropy.protocol import TokenMaskContext
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.forward import ResponseForward
+from lit_entropy.step.micro_batches import forward_rows, trim_rollout
 from lit_entropy.tokens import RowTensors
 
 __all__ = [
@@ -59,6 +61,17 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
         out = cls(**policy, ref_logprobs=ref_logprobs, old_values=old_values, update_forward=update_forward)
         return out.detach()
 
+    @classmethod
+    def in_row_order(cls, parts: list[tuple[Tensor | slice, RolloutStatistics]], width: int) -> RolloutStatistics:
+        """The statistics of the forwards of one batch as one: parts over slices are concatenated in order; parts
+        over index tensors (token-budget micro-batches, trimmed) are widened to ``width`` columns and put back in row
+        order, empty ones (which only kept the ranks in step) dropped."""
+        if all(isinstance(index, slice) for index, _ in parts):
+            return cls.cat([stats for _, stats in parts])
+        kept = [(index, stats) for index, stats in parts if index.numel()]
+        out = cls.cat([stats.widen_columns(width) for _, stats in kept])
+        return out.rows(torch.argsort(torch.cat([index for index, _ in kept])))
+
 
 @dataclass(kw_only=True)
 class Experience(RowTensors, holds=lambda f: True):
@@ -92,6 +105,21 @@ class Experience(RowTensors, holds=lambda f: True):
         """The selected rows of every row tensor and of the rollout (``update_forward``, which covers all rows,
         is dropped)."""
         return super().rows(index).with_row_tensors({}, rollout=self.rollout.select(index), update_forward=None)
+
+    def micro_batch(self, index: Tensor, *, trim: bool) -> Experience:
+        """The rows ``index``, trimmed to their own widths when ``trim``; an empty ``index`` (a rank with fewer rows
+        than micro-batches) gives row 0 with an empty loss mask, whose backward adds nothing but keeps the ranks'
+        gradient collectives in step."""
+        rows = self.rows(forward_rows(index))
+        if not index.numel():
+            rows.loss_mask = torch.zeros_like(rows.loss_mask)
+        return rows.trimmed() if trim else rows
+
+    def trimmed(self) -> Experience:
+        """These rows without the columns that are padding on every row
+        (:func:`~lit_entropy.step.micro_batches.trim_rollout`); the per-token tensors keep the kept columns."""
+        rollout = trim_rollout(self.rollout)
+        return self.narrow_columns(rollout.response_mask.shape[1]).with_row_tensors({}, rollout=rollout)
 
 
 def advantage_options(settings: RFTSettings) -> dict[str, Any]:

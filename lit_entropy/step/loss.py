@@ -22,7 +22,20 @@ from lit_entropy.settings import RFTSettings
 from lit_entropy.step.experience import Experience
 from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, response_forward, uses_blockwise_head
 
-__all__ = ["UpdateLoss", "global_loss_normalizer", "policy_loss_extras", "rows_update_loss", "update_loss"]
+__all__ = [
+    "SHARE_TERMS",
+    "UpdateLoss",
+    "global_loss_normalizer",
+    "policy_loss_extras",
+    "rows_update_loss",
+    "update_loss",
+]
+
+
+SHARE_TERMS = frozenset({"pg_loss", "kl", "entropy_bonus", "token_penalty", "value_loss"})
+"""Terms of :class:`UpdateLoss` that are a micro-batch's share of its optimizer step's loss (divided by the step's
+global count): they add up over the step's micro-batches. The others (``approx_kl``, ``value_clip_frac``) are
+means over the micro-batch's own tokens."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ from lit_entropy.settings import (
     LossConfig,
     OptimConfig,
     PolicyConfig,
+    UpdateConfig,
 )
 
 COMPARED = (
@@ -137,6 +138,7 @@ def run(
     gradient_checkpointing: bool = False,
     fsdp_param_dtype: str | None = None,
     export_dir: str | None = None,
+    max_tokens_per_micro_batch: int | None = None,
 ) -> None:
     """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
     ``ckpt_path`` when given."""
@@ -153,9 +155,18 @@ def run(
         optim=OptimConfig(lr=1e-2, max_grad_norm=0.5),  # a small clip, so it acts on the (sharded) gradients
         evaluation=EvaluationConfig(num_samples=2),
         rollout=SeededPolicySampler(tok.eos_token_id, tok.pad_token_id),
+        update=UpdateConfig(max_tokens_per_micro_batch=max_tokens_per_micro_batch),
         logging=LoggingConfig(export_on_train_end=export_dir is not None, export_dir=export_dir),
     )
     module.reward_fn = digit_reward
+    update_shapes: list[list[int]] = []  # [rows, response columns] of every micro-batch of the update
+    minibatch_loss = module.minibatch_loss
+
+    def recording_loss(rows, normalizer, forward):
+        update_shapes.append(list(rows.loss_mask.shape))
+        return minibatch_loss(rows, normalizer, forward)
+
+    module.minibatch_loss = recording_loss
     data = PromptDataModule(
         tokenizer_name_or_path=model, batch_size=global_batch // devices, num_train_examples=32, shuffle=False
     )
@@ -200,6 +211,7 @@ def run(
             else None,
             "export_path": module.export_path,
             "num_skipped_updates": module.skipped_updates.total,
+            "update_shapes": update_shapes,
         }
         Path(out, "metrics.json").write_text(json.dumps(info))
 
@@ -222,6 +234,7 @@ def main() -> None:
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--sigint-rank1-batch", type=int, default=None)
     parser.add_argument("--algorithm", default="grpo")
+    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
     args = parser.parse_args()
     run(
         args.model,
@@ -235,6 +248,7 @@ def main() -> None:
         gradient_checkpointing=args.gradient_checkpointing,
         fsdp_param_dtype=args.fsdp_param_dtype,
         export_dir=os.path.join(args.out, "hf_model") if args.export else None,
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
     )
 
 

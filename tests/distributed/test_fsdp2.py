@@ -140,6 +140,25 @@ def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path, st
 
 @pytest.mark.ddp
 @pytest.mark.slow
+def test_a_token_budget_on_two_ranks_equals_one_padded_process(model_dir, single, tmp_path):
+    """``model.update.max_tokens_per_micro_batch``: length-sorted, trimmed micro-batches on each rank (statistics
+    pass and update) train as one process with one padded micro-batch does."""
+    reference, ref_weights = single
+    info = _two_ranks(model_dir, tmp_path / "budget", "--max-tokens-per-micro-batch", "40")
+    assert info["global_step"] == 2 and info["num_skipped_updates"] == 0
+    shapes = info["update_shapes"]
+    rows_per_rank = GLOBAL_BATCH // 2 * 4
+    # 2 steps of several micro-batches each (rank 0's shown)
+    assert sum(rows for rows, _ in shapes) == 2 * rows_per_rank and max(rows for rows, _ in shapes) < rows_per_rank
+    for got, want in zip(info["rows"], reference["rows"], strict=True):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    weights = torch.load(tmp_path / "budget" / "weights.pt", weights_only=True)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
 def test_ppo_with_a_sharded_value_head_runs_on_two_ranks(model_dir, tmp_path):
     out = _two_ranks(model_dir, tmp_path / "ppo", "--algorithm", "ppo")
     assert out["global_step"] == 2 and out["num_skipped_updates"] == 0

@@ -17,7 +17,7 @@ tidy tables ``<out>/eval.csv`` (one row per run, step, temperature and prompt: l
 response and of its first token) and ``<out>/train.csv`` (one row per run and training step: entropy and masked
 share of the strategy token and of the rest, reward); ``--analyze`` reads only those two tables and writes
 ``summary.json``, ``summary.md``, ``metrics_by_run.csv``, ``readme_table.md`` and the plots; ``--update-readme``
-copies ``readme_table.md`` into README.md and scripts/dynamics_report/report.md between their markers.
+copies ``readme_table.md`` into docs/study.md and scripts/dynamics_report/report.md between their markers.
 
     python scripts/forking_study.py --grid priority --out scripts/forking/results   # GRPO, Clip_B, random mask
     python scripts/forking_study.py --grid full --out scripts/forking/results       # all methods + neutral task
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--update-readme",
         action="store_true",
-        help="with --analyze: rewrite the generated results block of README.md and scripts/dynamics_report/report.md",
+        help="with --analyze: rewrite the generated results block of docs/study.md and the dynamics report",
     )
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
@@ -360,7 +360,10 @@ def collect(out: Path) -> None:
 
 
 #: Documents that carry the generated results block, and the name of its markers.
-DOCS = ((ROOT / "README.md", "forking-results"), (ROOT / "scripts" / "dynamics_report" / "report.md", "report-forking"))
+DOCS = (
+    (ROOT / "docs" / "study.md", "forking-results"),
+    (ROOT / "scripts" / "dynamics_report" / "report.md", "report-forking"),
+)
 
 
 def update_docs(out: Path) -> None:
@@ -381,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
     if args.update_readme and args.smoke:
-        raise ValueError("--update-readme copies the study's results into README.md: not with --smoke")
+        raise ValueError("--update-readme copies the study's results into docs/study.md: not with --smoke")
     if not (args.collect or args.analyze or args.update_readme) or args.smoke:
         execute(args)
     if args.collect or args.smoke:

@@ -1,4 +1,4 @@
-"""README's "your own Lightning module" example runs as written, with the alignment and temperature it claims."""
+"""docs/extending.md's "your own Lightning module" example runs as written, with the alignment and temperature."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 SECTION = "## Entropy-discriminator clipping in your own Lightning module"
 
 

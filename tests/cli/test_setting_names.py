@@ -1,7 +1,7 @@
-"""Every dotted setting named in the package's error and warning messages and in README exists today.
+"""Every dotted setting named in the package's error and warning messages exists today.
 
 An old key in a message sends the user to a setting that is refused; this scan finds one the moment a
-setting is renamed without its messages.
+setting is renamed without its messages. README and docs/ are scanned by tests/test_docs.py.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ import lit_entropy
 from lit_entropy.cli import cli_main
 from lit_entropy.cli.parse_errors import setting_keys
 from lit_entropy.internals.cli import parser_settings
-from lit_entropy.settings import LEGACY_MODEL_KEYS
 
 ROOT = Path(lit_entropy.__file__).parents[1]
 PACKAGE = ROOT / "lit_entropy"
 KEY = re.compile(r"(?<![\w./])((?:model|data|trainer)(?:\.[a-z_][a-z0-9_]*)+)(?![\w(])")
 MESSAGE_CALLS = {"warn", "rank_zero_warn", "rank_zero_info", "SettingsError"}
-# README's troubleshooting table: a file name, and the mistakes it shows the messages of.
-NOT_SETTINGS = {"model.safetensors", "trainer.max_step", "model.sampling.temprature"}
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +67,6 @@ def test_every_setting_named_in_a_message_exists(settings):
                 if not _exists(key, keys, class_paths)
             ]
     assert not stale, "messages name settings that do not exist:\n" + "\n".join(stale)
-
-
-def test_every_setting_named_in_the_readme_exists(settings):
-    """README's prose and configs; Python blocks are code (``trainer.fit``), and old names may appear where
-    README says they are refused (each is in LEGACY_MODEL_KEYS)."""
-    keys, class_paths = settings
-    old = {f"model.{name}" for name in LEGACY_MODEL_KEYS}
-    stale, in_python = [], False
-    for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
-        if line.startswith("```"):
-            in_python = line.strip() == "```python"
-            continue
-        if in_python:
-            continue
-        stale += [
-            f"README.md:{number}: {key}"
-            for key in KEY.findall(line)
-            if not _exists(key, keys, class_paths) and key not in old and key not in NOT_SETTINGS
-        ]
-    assert not stale, "README names settings that do not exist:\n" + "\n".join(stale)
 
 
 def test_the_scan_finds_a_stale_name(settings):

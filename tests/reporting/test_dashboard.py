@@ -1,4 +1,4 @@
-"""What a user sees in TensorBoard: the tag set is README's table, no silent constants, HPARAMS, aligned steps."""
+"""What a user sees in TensorBoard: the tag set is docs/dashboard.md's table, no silent constants, HPARAMS, steps."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ CONFIGS = ROOT / "configs"
 
 
 def readme_tag_table() -> list[dict[str, str]]:
-    """Rows of README's "Logged to TensorBoard" table: tag, condition (first code span of "When"), constant note."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Logged to TensorBoard") :]
-    section = section[: section.index("\n## ")]
+    """Rows of docs/dashboard.md's tag table: tag, condition (first code span of "When"), constant note."""
+    text = (ROOT / "docs" / "dashboard.md").read_text()
+    section = text[text.index("\n## Tags\n") + 1 :]
+    end = section.find("\n## ")  # the next section, if any
+    section = section if end < 0 else section[:end]
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -46,7 +47,7 @@ def readme_tag_table() -> list[dict[str, str]]:
 
 
 def expected_tags(conditions: set[str], k: int, pass_ks: list[int]) -> dict[str, dict[str, str]]:
-    """README's tags for a run whose active conditions are ``conditions``, as event-file tag names."""
+    """The documented tags for a run whose active conditions are ``conditions``, as event-file tag names."""
     out = {}
     for row in readme_tag_table():
         if row["when"] not in conditions:
@@ -163,7 +164,9 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
 
     for tag, points in run["scalars"].items():
         if len({value for _, value in points}) == 1 and len(points) > 1:
-            assert expected[tag]["constant"], f"{tag} is constant over the run ({points}) and README does not say why"
+            assert expected[tag]["constant"], (
+                f"{tag} is constant over the run ({points}); docs/dashboard.md does not say why"
+            )
 
     train_steps = [step for step, _ in run["scalars"]["train/reward/mean"]]
     assert train_steps == [0, 1, 2, 3]

@@ -48,7 +48,7 @@ def test_paired_bootstrap_against_brute_force():
 
 
 def test_readme_and_report_blocks_are_generated_from_the_committed_tables(tmp_path):
-    """README's and report.md's results blocks equal what the analysis prints from the committed tables."""
+    """docs/study.md's and report.md's results blocks equal what the analysis prints from the committed tables."""
     np = pytest.importorskip("numpy")
     pd = pytest.importorskip("pandas")
     analysis, study = _load("forking_analysis"), _load("forking_study")

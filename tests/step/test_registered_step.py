@@ -169,15 +169,15 @@ def test_an_estimator_that_needs_values_gets_the_critic_values(registered):
 
 
 def _readme_policy_loss_example() -> str:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    item = text.index("- **A policy loss:**", text.index("### Extending it"))
+    text = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    item = text.index("- **A policy loss:**")
     start = text.index("```python\n", item) + len("```python\n")
     return textwrap.dedent(text[start : text.index("```\n", start)])
 
 
 def test_the_readme_policy_loss_example_registers_and_trains_by_its_setting():
     namespace: dict[str, object] = {"__name__": "readme_policy_loss"}
-    exec(compile(_readme_policy_loss_example(), "README.md", "exec"), namespace)
+    exec(compile(_readme_policy_loss_example(), "docs/extending.md", "exec"), namespace)
     try:
         settings = RFTSettings.build(
             sampling=SamplingConfig(num_samples=2), loss=LossConfig(policy_loss="unclipped_pg")

@@ -93,12 +93,22 @@ def model_rows() -> list[str]:
     out += ["| `rollout` | `null` | The rollout engine by `class_path`; null = Hugging Face `generate`. |", ""]
     for group, name in GROUPS:
         cls = SamplingConfig if name == "SamplingConfig" else getattr(settings, name)
-        docs, hints = _attribute_docs(cls), typing.get_type_hints(cls)
-        out += [f"### `model.{group}`", "", "| key | default | meaning |", "|---|---|---|"]
-        for field in dataclasses.fields(cls):
-            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-            out.append(_row(field.name, default, docs.get(field.name, "") + _choices(hints[field.name])))
-        out.append("")
+        out += _group_table(f"model.{group}", cls)
+    return out
+
+
+def _group_table(key: str, cls: type) -> list[str]:
+    """The table of one settings dataclass, then one for each nested settings group (``model.policy.lora``)."""
+    docs, hints = _attribute_docs(cls), typing.get_type_hints(cls)
+    out, nested = [f"### `{key}`", "", "| key | default | meaning |", "|---|---|---|"], []
+    for field in dataclasses.fields(cls):
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        out.append(_row(field.name, default, docs.get(field.name, "") + _choices(hints[field.name])))
+        groups = [t for t in (hints[field.name], *typing.get_args(hints[field.name])) if dataclasses.is_dataclass(t)]
+        nested += [(f"{key}.{field.name}", group) for group in groups]
+    out.append("")
+    for name, group in nested:
+        out += _group_table(name, group)
     return out
 
 

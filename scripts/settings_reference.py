@@ -1,7 +1,7 @@
 """The settings reference of docs/settings.md, generated from the code so that it cannot go stale.
 
-``model.*`` rows come from the settings dataclasses (``lit_entropy/settings.py``, ``SamplingConfig`` in
-``lit_entropy/rollout/base.py``): each field's default and its attribute docstring, the text ``--help`` shows.
+``model.*`` rows come from ``RFTModule``'s arguments and their settings dataclasses: each field's default and its
+attribute docstring, the text ``--help`` shows (nested groups such as ``model.policy.lora`` get a table each).
 ``data.*`` rows and the command's own options come from the parser ``lit-entropy fit`` builds.
 
     python scripts/settings_reference.py            # print the block
@@ -24,19 +24,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "settings.md"
 MARKER = "settings-reference"
-#: ``model.<group>`` and its dataclass, in the order of ``RFTSettings``.
-GROUPS = (
-    ("policy", "PolicyConfig"),
-    ("sampling", "SamplingConfig"),
-    ("reward", "RewardConfig"),
-    ("advantages", "AdvantageConfig"),
-    ("loss", "LossConfig"),
-    ("ppo", "PPOConfig"),
-    ("update", "UpdateConfig"),
-    ("optim", "OptimConfig"),
-    ("evaluation", "EvaluationConfig"),
-    ("logging", "LoggingConfig"),
-)
 #: Top-level options of ``lit-entropy fit`` documented here (the others are LightningCLI's own).
 COMMAND_OPTIONS = ("val_before_train", "resume_with_changes", "overwrite_run")
 
@@ -83,18 +70,29 @@ def _row(name: str, default: Any, doc: str) -> str:
     return f"| `{name}` | `{_value(default)}` | {_text(doc)} |"
 
 
-def model_rows() -> list[str]:
-    """One table per ``model.<group>``: every dataclass field, its default and its docstring."""
-    import lit_entropy.settings as settings
-    from lit_entropy.rollout.base import SamplingConfig
+def model_rows(actions: dict[str, Any]) -> list[str]:
+    """The ``model`` table (settings that are not groups), then one table per ``model.<group>``, in the order of
+    ``RFTModule``'s arguments: every dataclass field, its default and its docstring."""
+    from lit_entropy.module import RFTModule
 
+    hints = typing.get_type_hints(RFTModule.__init__)
+    names = [name for name in inspect.signature(RFTModule.__init__).parameters if name != "self"]
+    groups = {name: _dataclasses_of(hints[name]) for name in names}
     out = ["### `model`", "", "| key | default | meaning |", "|---|---|---|"]
-    out += ["| `algorithm` | `grpo` | `grpo` (group-normalised rewards) or `ppo` (GAE on a learned value). |"]
-    out += ["| `rollout` | `null` | The rollout engine by `class_path`; null = Hugging Face `generate`. |", ""]
-    for group, name in GROUPS:
-        cls = SamplingConfig if name == "SamplingConfig" else getattr(settings, name)
-        out += _group_table(f"model.{group}", cls)
+    for name in names:
+        if not groups[name]:
+            action = actions[f"model.{name}"]
+            out.append(_row(name, action.default, (action.help or "") + _choices(hints[name])))
+    out.append("")
+    for name in names:
+        for group in groups[name]:
+            out += _group_table(f"model.{name}", group)
     return out
+
+
+def _dataclasses_of(hint: Any) -> list[type]:
+    """The settings dataclasses a type names (``X``, ``X | None``)."""
+    return [t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t) and isinstance(t, type)]
 
 
 def _group_table(key: str, cls: type) -> list[str]:
@@ -104,16 +102,15 @@ def _group_table(key: str, cls: type) -> list[str]:
     for field in dataclasses.fields(cls):
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         out.append(_row(field.name, default, docs.get(field.name, "") + _choices(hints[field.name])))
-        groups = [t for t in (hints[field.name], *typing.get_args(hints[field.name])) if dataclasses.is_dataclass(t)]
-        nested += [(f"{key}.{field.name}", group) for group in groups]
+        nested += [(f"{key}.{field.name}", group) for group in _dataclasses_of(hints[field.name])]
     out.append("")
     for name, group in nested:
         out += _group_table(name, group)
     return out
 
 
-def parser_rows() -> list[str]:
-    """``data.*`` and the command's own options, from the parser ``lit-entropy fit`` builds."""
+def parser_actions() -> dict[str, Any]:
+    """dest -> argparse action of the parser ``lit-entropy fit`` builds (its defaults and help texts)."""
     import sys
 
     from lit_entropy.cli import cli_main
@@ -123,7 +120,11 @@ def parser_rows() -> list[str]:
         parser = cli_main(["--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False).parser
     finally:
         sys.argv = argv
-    actions = {action.dest: action for action in parser._actions}
+    return {action.dest: action for action in parser._actions}
+
+
+def parser_rows(actions: dict[str, Any]) -> list[str]:
+    """``data.*`` and the command's own options, from the parser."""
     out = ["### `data`", "", "| key | default | meaning |", "|---|---|---|"]
     for dest, action in actions.items():
         if dest.startswith("data.") and any(option.startswith("--") for option in action.option_strings):
@@ -136,7 +137,8 @@ def parser_rows() -> list[str]:
 def block() -> str:
     """The generated reference, as it stands between the markers of docs/settings.md."""
     header = "<!-- generated by `python scripts/settings_reference.py --update`; do not edit by hand -->"
-    return "\n".join([header, "", *model_rows(), *parser_rows()]) + "\n"
+    actions = parser_actions()
+    return "\n".join([header, "", *model_rows(actions), *parser_rows(actions)]) + "\n"
 
 
 def read_block(path: Path = DOC) -> str:

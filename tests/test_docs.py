@@ -20,7 +20,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```\n", re.M | re.S)
 SPAN = re.compile(r"`([^`]+)`")
 KEY = re.compile(r"(?<![\w./])((?:model|data|trainer)(?:\.[a-z_][a-z0-9_]*)+)(?![\w(])")
-TAG = re.compile(r"(?<![\w./-])((?:train|val|test|perf)/[\w@<>*./-]*[\w@>*])")
+TAG = re.compile(r"(?<![\w./-])((?:train|val|test|perf|overview)/[\w@<>*./-]*[\w@>*])")
 PATH = re.compile(r"(?<![\w./-])((?:configs|scripts|lit_entropy|tests|docs|\.ci)/[\w./-]*[\w])")
 COMMAND = re.compile(r"(?:\blit-entropy|-m lit_entropy|\bpython (scripts/[\w./-]+\.py))((?: +[^\s|;&>#]+)*)")
 # What may precede a command on its line: an environment variable or a launcher.

@@ -180,7 +180,7 @@ class RFTCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path``: the checkpoint's model settings fill in what the user did not set; what the user
         set explicitly and differs is refused by ``fit`` (or honoured with a warning), honoured with a warning
-        by ``validate`` / ``test`` (README, "Resuming with other settings").
+        by ``validate`` / ``test`` (docs/checkpoints.md, "Resuming with other settings").
 
         Replaces Lightning's version, which lets the checkpoint's hyper-parameters override explicit ones
         silently (and loads the whole checkpoint into memory to read them).

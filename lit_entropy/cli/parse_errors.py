@@ -3,7 +3,7 @@
 jsonargparse reports a bad value as a multi-line dump (every union alternative, every nested parser);
 LightningCLI adds the dump of a constructor's error. :func:`explain_parse_error` and
 :func:`explain_build_error` read those texts back into the one line ``lit-entropy: error:`` promises
-(README, "Settings errors"), naming the dotted setting as a user writes it and the value given.
+(README, "Troubleshooting"), naming the dotted setting as a user writes it and the value given.
 """
 
 from __future__ import annotations

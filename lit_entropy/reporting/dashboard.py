@@ -1,6 +1,6 @@
 """What a training step shows in TensorBoard: the ``train/*`` and ``perf/*`` tags, samples and histograms.
 
-The tag scheme (README "Logged to TensorBoard" has the full table) groups related curves by prefix
+The tag scheme (docs/dashboard.md has the full table) groups related curves by prefix
 (``train/reward/*``, ``train/length/*``, ``train/clip/*``, ``perf/*``...) and follows TRL's and verl's
 names where users look for them. A tag is logged only when it can carry information in the run, which
 :class:`TagPlan` decides once, identically on every rank. Batch statistics are computed over the

@@ -95,14 +95,15 @@ def summary_tables(summary: dict[str, Any]) -> str:
 
 def status_line(summary: dict[str, Any]) -> str:
     primary = [r for r in summary["per_run"].values() if r["arm"] in LABELS and r["arm"] != "grpo_null"]
-    pooled = [c for c in summary["comparisons"] if c["scope"] == "pooled" and c["control"] == "grpo"]
-    n = len(pooled[0]["units"]) if pooled else 0
+    arms = [a for a in LABELS if a != "grpo_null"]
+    units = {(r["base"], r["seed"]) for r in primary}
+    n = sum(all(f"{b}__{a}__s{s}" in summary["per_run"] for a in arms) for b, s in units)
     text = (
         f"**Status: {len(primary)} of the {PRIMARY_RUNS} pre-registered primary runs have finished; {n} of 10 "
         "(base, seed) units have all three primary arms.**"
     )
-    if n == 0:
-        text += " No comparison yet."
+    if n < 2:
+        text += " A comparison needs 2 complete units: none yet."
     elif n < 6:
         text += (
             f" With n = {n} units the smallest possible sign-flip p is 2/2^{n} = {2 / 2**n if n else 1:.3f}, so no "

@@ -126,9 +126,14 @@ def test_analyze_writes_block_with_the_status(tmp_path):
     block = (tmp_path / "readme_block.md").read_text()
     assert "6 committed runs" in block and "code revision abc1234" in block and "(steps 40, 80, 120)" in block
     assert "6 of the 30 pre-registered primary runs" in block and "2 of 10 (base, seed) units" in block
-    assert (
-        "no comparison can be better/worse yet" in block and "| fork-s0 | always A, executed right (floor) |" in block
-    )
+    assert "no comparison can be better/worse yet" in block
+    assert "| fork-s0 | always A, executed right (floor) |" in block
+    one = tmp_path / "one"  # one complete unit and a lone run: no comparison
+    for arm in ("grpo", "clip_b", "replay_mask"):
+        _fake_run(one, "fork-s1", arm, 0, 0.5)
+    _fake_run(one, "fork-s0", "grpo", 0, 0.5)
+    an.analyze(one)
+    assert "1 of 10 (base, seed) units" in (one / "readme_block.md").read_text()
     share = summary["arm_means"]["fork-s0__replay_mask"]["replay_matched_share"]
     assert share == pytest.approx(12 / 16)  # 3 masked per step x 4 steps, 4 short
     assert (tmp_path / "pass_at_64.png").exists()

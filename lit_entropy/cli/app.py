@@ -187,6 +187,8 @@ class RFTCLI(LightningCLI):
         """
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path and subcommand == "fit":
+            ckpt_path = requeue_checkpoint(self.config[subcommand]["trainer"])
         if not ckpt_path:
             return
         saved = read_checkpoint_hparams(ckpt_path)
@@ -215,7 +217,7 @@ class RFTCLI(LightningCLI):
         allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
         report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
         step = saved["trained_batches"]
-        if place_logger(self.config[subcommand]["trainer"], subcommand, ckpt_path, step) is not None:
+        if place_logger(self.config[subcommand]["trainer"], subcommand, ckpt_path, step, saved["log_dir"]) is not None:
             # The run continues in its own directory: its config.yaml stays, this command's config is kept beside it.
             self.save_config_kwargs.update(resumed_run=True, config_filename=f"config_resumed_step_{step}.yaml")
 
@@ -268,6 +270,24 @@ def check_model_paths(model: Any) -> None:
             check_model_dir(critic, "model.ppo.critic_model_name_or_path")
     except ValueError as err:
         raise SettingsError(str(err)) from err
+
+
+def requeue_checkpoint(trainer_config: Any) -> Path | None:
+    """The ``hpc_ckpt_<N>.ckpt`` a requeued SLURM job's ``fit`` will resume from (Lightning's rule), or None.
+
+    Lightning resumes from the newest ``hpc_ckpt_<N>.ckpt`` of ``trainer.default_root_dir`` (the working
+    directory when unset) whenever it runs under SLURM and ``--ckpt_path`` is not given; the command line
+    treats it as that ``--ckpt_path``: the same settings checks, and the run continues in its own directory.
+    """
+    import os
+
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from lit_entropy.internals.lightning import hpc_resume_path_in
+
+    if not SLURMEnvironment.detect():
+        return None
+    return hpc_resume_path_in(trainer_config.get("default_root_dir") or os.getcwd())
 
 
 def _resuming(cli: RFTCLI, fit: Any) -> bool:

@@ -137,8 +137,8 @@ def _plain(value: Any) -> Any:
 
 
 def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
-    """``{"model": ..., "data": ...}`` hyper-parameters stored in a checkpoint, and its ``"trained_batches"``
-    (the step it was written at), without reading its tensors.
+    """``{"model": ..., "data": ...}`` hyper-parameters stored in a checkpoint, its ``"trained_batches"`` (the step
+    it was written at) and ``"log_dir"`` (its run's directory, or None), without reading its tensors.
 
     A consolidated file is memory-mapped (a 7B checkpoint costs no RAM); a sharded directory's ``meta.pt``
     is read. Missing sections are empty dicts; model settings saved under a renamed key are moved to today's
@@ -160,7 +160,7 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         raise SettingsError(
             f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
         ) from err
-    from lit_entropy.reporting.steps import checkpoint_trained_batches
+    from lit_entropy.reporting.steps import checkpoint_log_dir, checkpoint_trained_batches
     from lit_entropy.settings import carry_over_renamed_keys
 
     return {
@@ -168,4 +168,5 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         "model": carry_over_renamed_keys(checkpoint.get("hyper_parameters") or {}),
         "data": dict(checkpoint.get("datamodule_hyper_parameters") or {}),
         "trained_batches": checkpoint_trained_batches(checkpoint),
+        "log_dir": checkpoint_log_dir(checkpoint),
     }

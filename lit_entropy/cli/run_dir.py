@@ -1,6 +1,8 @@
 """Where a ``--ckpt_path`` command logs: the run the checkpoint belongs to.
 
-``fit --ckpt_path <save_dir>/<name>/<version>/checkpoints/X.ckpt`` continues logging into ``<version>``;
+``fit --ckpt_path <save_dir>/<name>/<version>/checkpoints/X.ckpt`` continues logging into ``<version>``, and
+so does a requeued SLURM job that Lightning resumes from ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` (the
+checkpoint records its run's directory);
 ``validate`` / ``test`` of such a checkpoint log into ``<version>/<subcommand>_step_<S>``, a TensorBoard
 run of its own inside the training run, at the checkpoint's step ``S`` (trained batches). Only a
 TensorBoardLogger given by ``class_path`` whose ``version`` is unset (or the checkpoint's) is placed.
@@ -25,7 +27,9 @@ def checkpoint_run_dir(ckpt_path: str | Path) -> Path | None:
     return None
 
 
-def place_logger(trainer_config: Any, subcommand: str, ckpt_path: str | Path, step: int) -> Path | None:
+def place_logger(
+    trainer_config: Any, subcommand: str, ckpt_path: str | Path, step: int, log_dir: str | Path | None = None
+) -> Path | None:
     """Point the configured TensorBoardLogger at the checkpoint's run (in place); returns that run when
     ``fit`` continues it, else None.
 
@@ -34,6 +38,8 @@ def place_logger(trainer_config: Any, subcommand: str, ckpt_path: str | Path, st
         subcommand: ``fit``, ``validate`` or ``test``.
         ckpt_path: the ``--ckpt_path`` given.
         step: the checkpoint's trained batches.
+        log_dir: the run directory the checkpoint records (a SLURM requeue checkpoint lies in
+            ``trainer.default_root_dir``, outside its run); used when ``ckpt_path`` is not inside a run.
     """
     logger = trainer_config.get("logger")
     if not hasattr(logger, "get") or not str(logger.get("class_path", "")).endswith("TensorBoardLogger"):
@@ -43,6 +49,8 @@ def place_logger(trainer_config: Any, subcommand: str, ckpt_path: str | Path, st
         return None
     root = Path(str(init.get("save_dir") or ".")) / str(init.get("name") or "")
     run = checkpoint_run_dir(ckpt_path)
+    if run is None and log_dir is not None and Path(log_dir).is_dir():
+        run = Path(log_dir)
     version = init.get("version")
     ours = run is not None and version in (None, run.name) and _same(run.parent, root)
     if ours:

@@ -18,6 +18,7 @@ __all__ = [
     "cluster_environment",
     "hpc_checkpoint_path",
     "hpc_resume_path",
+    "hpc_resume_path_in",
     "last_saved_step",
     "load_pending_loader_states",
     "logger_step",
@@ -99,6 +100,19 @@ def hpc_checkpoint_path(trainer: Any) -> Path:
 def hpc_resume_path(trainer: Any) -> str | None:
     """The ``hpc_ckpt_<N>.ckpt`` a requeued SLURM job resumes from without ``--ckpt_path``, or None."""
     return trainer._checkpoint_connector._hpc_resume_path
+
+
+def hpc_resume_path_in(directory: str | Path) -> Path | None:
+    """The ``hpc_ckpt_<N>.ckpt`` of ``directory`` that a requeued SLURM job resumes from (the highest ``N``), or None.
+
+    :func:`hpc_resume_path` without a Trainer: the command line places the logger before the Trainer exists.
+    """
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    if not Path(directory).is_dir():
+        return None
+    newest = _CheckpointConnector._CheckpointConnector__max_ckpt_version_in_folder(str(directory), "hpc_ckpt_")
+    return None if newest is None else Path(directory) / f"hpc_ckpt_{newest}.ckpt"
 
 
 def cluster_environment(trainer: Any) -> Any | None:

@@ -14,6 +14,7 @@ The Lightning internals read here sit in the small functions :func:`trained_batc
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -23,7 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lit_entropy.internals.tensorboard import event_file_writer
 from lit_entropy.reporting.overview import overview_copies
 
-__all__ = ["StepAxis", "checkpoint_trained_batches", "trained_batches"]
+__all__ = ["LOG_DIR_KEY", "StepAxis", "checkpoint_log_dir", "checkpoint_trained_batches", "trained_batches"]
 
 
 def trained_batches(trainer: Trainer) -> int:
@@ -44,15 +45,24 @@ def checkpoint_trained_batches(checkpoint: dict[str, Any]) -> int:
 
 
 _EVALUATION_KEY = "lit_entropy_evaluation"
+LOG_DIR_KEY = "lit_entropy_log_dir"
+"""Checkpoint key of the run directory the checkpoint belongs to (a SLURM requeue checkpoint lies outside it)."""
+
+
+def checkpoint_log_dir(checkpoint: dict[str, Any]) -> str | None:
+    """The log directory of the run that wrote ``checkpoint`` (None for a run without a logger, or older files)."""
+    value = checkpoint.get(LOG_DIR_KEY)
+    return None if value is None else str(value)
 
 
 class StepAxis(Callback):
     """Evaluations at the number of trained batches; a resumed run's curves continue without duplicates.
 
-    * ``setup``: every logger writes validation / test scalars at :meth:`evaluation_step`.
-    * ``on_save_checkpoint``: a checkpoint written after a validation of its own weights keeps that
-      validation's scalars; ``on_load_checkpoint`` reads them and the checkpoint's trained batches
-      (``validate --ckpt_path`` logs there).
+    * ``setup``: every logger writes validation / test scalars at :meth:`evaluation_step`, the overview cards
+      beside their sources, and no ``epoch`` (:func:`_log_evaluations_at`).
+    * ``on_save_checkpoint``: a checkpoint records its run's log directory (:func:`checkpoint_log_dir`), and one
+      written after a validation of its own weights keeps that validation's scalars; ``on_load_checkpoint``
+      reads them and the checkpoint's trained batches (``validate --ckpt_path`` logs there).
     * ``on_train_start`` of a resumed ``fit`` at step ``S`` > 0: each TensorBoard run directory gets a
       restart mark at ``S``, so TensorBoard drops what the stopped run logged from ``S`` on, and the
       checkpoint's own validation is written again at ``S``.
@@ -83,6 +93,8 @@ class StepAxis(Callback):
             self.last_evaluation = {"step": self.evaluation_step(trainer), "scalars": scalars}
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.loggers and trainer.log_dir is not None:
+            checkpoint[LOG_DIR_KEY] = str(Path(trainer.log_dir).resolve())
         if self.last_evaluation is not None and self.last_evaluation["step"] == trained_batches(trainer):
             checkpoint[_EVALUATION_KEY] = self.last_evaluation
 

@@ -71,3 +71,47 @@ def test_resume_from_the_runs_own_config_continues_its_directory_and_validate_lo
     assert _scalars(run / "validate_step_4")["val/avg@8"] == [4]
     assert _scalars(run / "validate_step_4_2")["val/avg@8"] == [4]  # validated again: a new name, no overwrite
     assert sorted(p.name for p in (tmp_path / "runs" / "grpo_tiny").iterdir()) == ["version_0"]
+
+
+#: What SLURM sets in a one-task job (Lightning's SLURMEnvironment.detect() then holds, without SLURM itself).
+SLURM_JOB = {
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_JOB_NAME": "grpo",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
+
+
+def test_a_requeued_slurm_job_continues_in_its_own_run_directory(tmp_path, monkeypatch):
+    """Under SLURM auto-requeue Lightning resumes the requeued job (the same command, no --ckpt_path) from the
+    newest ``<default_root_dir>/hpc_ckpt_<N>.ckpt``: it logs into the stopped run's version, not a new one.
+
+    The requeue signal itself (SIGUSR1 -> ``hpc_ckpt_1.ckpt`` + ``scontrol requeue``) is tested in
+    ``tests/checkpointing/test_resume.py``; here the stopped job's checkpoint is put where that signal writes it.
+    """
+    import torch
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    monkeypatch.chdir(tmp_path)
+    command = ["fit", "--config", str(GRPO_TINY), *SHORT]
+    cli_main([*command, "--trainer.max_steps=4"])  # the job, stopped after 4 batches
+    run = tmp_path / "runs" / "grpo_tiny" / "version_0"
+    # trainer.save_checkpoint at the end of batch 4, as the requeue signal's handler does, into default_root_dir
+    shutil.copy(run / "checkpoints" / "last.ckpt", tmp_path / "hpc_ckpt_1.ckpt")
+    recorded = torch.load(tmp_path / "hpc_ckpt_1.ckpt", map_location="cpu", weights_only=True)
+    assert recorded["lit_entropy_log_dir"] == str(run.resolve())  # the checkpoint knows its run
+    for key, value in SLURM_JOB.items():
+        monkeypatch.setenv(key, value)
+    assert SLURMEnvironment.detect()
+    cli_main([*command, "--trainer.max_steps=6"])  # the requeued job
+    assert sorted(p.name for p in (tmp_path / "runs" / "grpo_tiny").iterdir()) == ["version_0"]
+    assert (run / "config_resumed_step_4.yaml").is_file() and (run / "config.yaml").is_file()
+    steps = _scalars(run)
+    assert steps["train/reward/mean"] == [0, 1, 2, 3, 4, 5]  # continued from the checkpoint's step
+    assert steps["val/avg@8"] == [0, 2, 4, 6]
+    for tag, logged in steps.items():
+        assert len(logged) == len(set(logged)), f"{tag} has a step twice: {logged}"

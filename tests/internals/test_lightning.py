@@ -142,6 +142,11 @@ def test_hpc_checkpoint_paths(tmp_path) -> None:
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
     assert internals.hpc_checkpoint_path(trainer) == tmp_path / "hpc_ckpt_2.ckpt"
     assert internals.hpc_resume_path(trainer) == str(tmp_path / "hpc_ckpt_1.ckpt"), f"HPC resume path {UPGRADE}"
+    assert internals.hpc_resume_path_in(tmp_path) == tmp_path / "hpc_ckpt_1.ckpt", f"HPC resume path {UPGRADE}"
+    (tmp_path / "hpc_ckpt_12.ckpt").write_bytes(b"")
+    assert internals.hpc_resume_path(trainer) == str(tmp_path / "hpc_ckpt_12.ckpt")  # by number, not by name
+    assert internals.hpc_resume_path_in(tmp_path) == tmp_path / "hpc_ckpt_12.ckpt"
+    assert internals.hpc_resume_path_in(tmp_path / "missing") is None
 
 
 def test_cluster_environment_of_a_single_device_trainer() -> None:

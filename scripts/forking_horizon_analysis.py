@@ -31,7 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Experiment -> the files that carry its generated block, their marker names, and the block ("full": every table;
 #: "docs": status, pooled verdicts and the arm table).
 DOCS = {
-    "horizon": ((ROOT / "scripts" / "forking" / "README.md", "horizon-results", "full"),),
+    "horizon": (
+        (ROOT / "scripts" / "forking" / "README.md", "horizon-results", "full"),
+        (ROOT / "docs" / "study.md", "horizon-results", "docs"),
+        (ROOT / "scripts" / "dynamics_report" / "report.md", "report-horizon", "docs"),
+    ),
     "short": ((ROOT / "scripts" / "forking" / "README.md", "short-results", "full"),),
 }
 K = 64

@@ -16,12 +16,14 @@ collected tables) are skipped, so the study resumes where it stopped. ``--collec
 tidy tables ``<out>/eval.csv`` (one row per run, step, temperature and prompt: log-probability of the correct
 response and of its first token) and ``<out>/train.csv`` (one row per run and training step: entropy and masked
 share of the strategy token and of the rest, reward); ``--analyze`` reads only those two tables and writes
-``summary.json``, ``summary.md``, ``metrics_by_run.csv``, ``readme_table.md`` and the plots; ``--update-readme``
-copies ``readme_table.md`` into docs/study.md and scripts/dynamics_report/report.md between their markers.
+``summary.json``, ``summary.md``, ``metrics_by_run.csv``, ``readme_table.md`` and the plots. (Issue 24: this
+study's 80-step design could not show the paper's gain and its bootstrap intervals were too narrow. Its tables stay
+in ``scripts/forking/results/`` as they were; the documentation carries the pre-registered horizon study,
+``scripts/forking_horizon.py``, instead.)
 
     python scripts/forking_study.py --grid priority --out scripts/forking/results   # GRPO, Clip_B, random mask
     python scripts/forking_study.py --grid full --out scripts/forking/results       # all methods + neutral task
-    python scripts/forking_study.py --collect --analyze --out scripts/forking/results --update-readme
+    python scripts/forking_study.py --collect --analyze --out scripts/forking/results
     python scripts/forking_study.py --smoke --out /tmp/forking_smoke                # pipeline check, < 1 min
 
 PRIMARY ENDPOINT (fixed before any run): on the test split at T = 1.0, pass@64 and avg@64 over the task's
@@ -81,11 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny grid, 2 steps, few samples (pipeline test)")
     p.add_argument("--collect", action="store_true", help="concatenate runs/ into eval.csv and train.csv")
     p.add_argument("--analyze", action="store_true", help="summary and plots from eval.csv and train.csv")
-    p.add_argument(
-        "--update-readme",
-        action="store_true",
-        help="with --analyze: rewrite the generated results block of docs/study.md and the dynamics report",
-    )
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
 
@@ -359,23 +356,6 @@ def collect(out: Path) -> None:
     seconds_path.write_text(json.dumps(seconds, indent=1, sort_keys=True) + "\n")
 
 
-#: Documents that carry the generated results block, and the name of its markers.
-DOCS = (
-    (ROOT / "docs" / "study.md", "forking-results"),
-    (ROOT / "scripts" / "dynamics_report" / "report.md", "report-forking"),
-)
-
-
-def update_docs(out: Path) -> None:
-    """Copy ``<out>/readme_table.md`` (written by ``--analyze``) between the markers of every file in ``DOCS``."""
-    from forking_analysis import replace_block
-
-    block = (Path(out) / "readme_table.md").read_text()
-    for path, marker in DOCS:
-        changed = replace_block(path, marker, block)
-        print(f"[forking_study] {path.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -383,9 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
-    if args.update_readme and args.smoke:
-        raise ValueError("--update-readme copies the study's results into docs/study.md: not with --smoke")
-    if not (args.collect or args.analyze or args.update_readme) or args.smoke:
+    if not (args.collect or args.analyze) or args.smoke:
         execute(args)
     if args.collect or args.smoke:
         collect(args.out)
@@ -393,8 +371,6 @@ def main(argv: list[str] | None = None) -> None:
         from forking_analysis import analyze
 
         analyze(args.out)
-    if args.update_readme:
-        update_docs(args.out)
 
 
 if __name__ == "__main__":

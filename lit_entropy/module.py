@@ -37,6 +37,7 @@ from lit_entropy.settings import (
     RewardConfig,
     RFTSettings,
     RolloutCorrectionConfig,
+    TrainingSamplingConfig,
     UpdateConfig,
 )
 from lit_entropy.step import (
@@ -56,6 +57,7 @@ from lit_entropy.step import (
     updates_per_batch,
     value_estimates,
 )
+from lit_entropy.step.group_fill import DynamicSampling
 from lit_entropy.step.micro_batches import forward_parts, micro_batches
 from lit_entropy.step.skips import SkippedUpdates
 
@@ -75,7 +77,7 @@ class RFTModule(LightningModule):
     Args:
         policy: the policy model and its forward pass.
         algorithm: ``grpo`` (group-normalised rewards) or ``ppo`` (GAE on a learned value, see ``ppo``).
-        sampling: training rollouts; ``num_samples`` is the GRPO group size.
+        sampling: training rollouts; ``num_samples`` is the GRPO group size; ``filter_groups``: DAPO dynamic sampling.
         reward: reward function and what counts as correct.
         advantages: how rewards become advantages.
         loss: policy loss, KL and entropy terms.
@@ -92,7 +94,7 @@ class RFTModule(LightningModule):
         self,
         policy: PolicyConfig = PolicyConfig(),
         algorithm: Literal["grpo", "ppo"] = "grpo",
-        sampling: SamplingConfig = SamplingConfig(),
+        sampling: TrainingSamplingConfig = TrainingSamplingConfig(),
         reward: RewardConfig = RewardConfig(),
         advantages: AdvantageConfig = AdvantageConfig(),
         loss: LossConfig = LossConfig(),
@@ -129,6 +131,7 @@ class RFTModule(LightningModule):
         self.clip_fractions = ClipRatio(loss.clip_ratio_low, loss.clip_ratio_high)  # of one step's updates
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
+        self.dynamic_sampling = DynamicSampling(self.settings, rank_zero_warn)  # model.sampling.filter_groups
         self.export_path: str | None = None
         self._own_callbacks: list[Any] | None = None
 
@@ -201,7 +204,7 @@ class RFTModule(LightningModule):
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("ref_model.") or self._is_frozen_base(k)]:
             del state[key]
-        checkpoint.update(self.skipped_updates.state_dict())
+        checkpoint.update(**self.skipped_updates.state_dict(), **self.dynamic_sampling.state_dict())  # collective
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.setdefault("state_dict", {})
@@ -211,6 +214,7 @@ class RFTModule(LightningModule):
             base = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}  # as loaded from disk
             state.update({k: v for k, v in base.items() if self._is_frozen_base(k) and k not in state})
         self.skipped_updates.load_state_dict(checkpoint)
+        self.dynamic_sampling.load_state_dict(checkpoint)
 
     def _is_frozen_base(self, key: str) -> bool:
         """Whether ``key`` (a module state-dict key) is a frozen base weight of a LoRA policy."""
@@ -231,6 +235,10 @@ class RFTModule(LightningModule):
             rollout = self.generate(batch, self.settings.sampling)
         with self.dashboard.timer("score"):
             rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
+        filled = self.dynamic_sampling.offer(batch, rollout, rewards, completions, self.tokenizer.pad_token_id or 0)
+        if filled is None:  # model.sampling.filter_groups: the update waits for more informative groups
+            return
+        batch, rollout, rewards, completions = filled
         with self.dashboard.timer("statistics"):
             experience = self.apply_token_callbacks(self.make_experience(rollout, rewards))
         with self.dashboard.timer("update"):
@@ -238,6 +246,7 @@ class RFTModule(LightningModule):
         with self.dashboard.timer("sync"):
             self.rollout_engine.sync_weights(self.policy, self.global_step)
         self.log_step(batch, batch_idx, experience, completions, terms)
+        self.dynamic_sampling.commit()  # last: a checkpoint from inside the step (Ctrl-C) holds the fill it found
 
     def generate(self, batch: Batch, sampling: SamplingConfig) -> RolloutBatch:
         """Sample ``sampling.num_samples`` completions per prompt of ``batch`` with the rollout engine."""
@@ -392,6 +401,7 @@ class RFTModule(LightningModule):
         report = StepReport(
             experience=experience, terms=terms, prompts=len(batch["answers"]), clip=clip,
             lr=self.optimizers().param_groups[0]["lr"], skipped_updates=self.skipped_updates.total,
+            fill=self.dynamic_sampling.last,
         )  # fmt: skip
         self.dashboard.log_step(run, report)
         every = self.settings.logging.log_samples_every_n_steps
@@ -481,19 +491,9 @@ class RFTModule(LightningModule):
         return value_estimates(self.value_head, rollout, policy_hidden, critic=self.critic)
 
     def export_pretrained(self, path: str | None = None) -> str:
-        """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it.
+        """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it (default:
+        ``model.logging.export_dir``, else ``<log_dir>/hf_model``; under FSDP2 every rank calls it, rank 0 writes)."""
+        from lit_entropy.models.export import export_module
 
-        Default location: ``model.logging.export_dir``, else ``<log_dir>/hf_model``. Under FSDP2 every rank
-        must call it (the full weights are gathered); rank 0 writes.
-        """
-        from lit_entropy.models.export import default_export_dir, export_policy
-        from lit_entropy.models.loading import load_tokenizer
-
-        trainer, path = attached_trainer(self), path or self.settings.logging.export_dir
-        if path is None and trainer is None:
-            raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
-        tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
-        strategy = None if trainer is None else trainer.strategy
-        path = path or default_export_dir(trainer)
-        self.export_path = export_policy(self.policy, tokenizer, path, strategy=strategy, write=self.global_rank == 0)
+        self.export_path = export_module(self, path or self.settings.logging.export_dir)
         return self.export_path

@@ -4,8 +4,8 @@ LightningCLI shows them nested (``--model.loss.clip_ratio_high 0.28``) and docum
 its attribute docstring. Each group checks itself in ``__post_init__`` with the functional layer's own
 checkers and constants (:mod:`lit_entropy.functional.checks`), so what a setting accepts is exactly what
 the code that uses it accepts; errors name the dotted setting, the value and what is allowed.
-Sampling settings are :class:`~lit_entropy.rollout.base.SamplingConfig` (training rollouts) and its
-subclass :class:`EvaluationConfig` (validation and test).
+Sampling settings are :class:`TrainingSamplingConfig` (training rollouts, dynamic sampling) and
+:class:`EvaluationConfig` (validation and test), both :class:`~lit_entropy.rollout.base.SamplingConfig`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "PolicyConfig",
     "RFTSettings",
     "RewardConfig",
+    "TrainingSamplingConfig",
     "RENAMED_MODEL_KEYS",
     "RolloutCorrectionConfig",
     "UpdateConfig",
@@ -116,6 +117,35 @@ class PolicyConfig:
         if self.fsdp_param_dtype is not None:
             check_choice("model.policy.fsdp_param_dtype", self.fsdp_param_dtype, DTYPES[1:])
         check_number("model.policy.logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True, optional=True)
+
+
+@dataclass(frozen=True)
+class TrainingSamplingConfig(SamplingConfig):
+    """Training rollouts (``model.sampling``): how completions are sampled, plus DAPO's dynamic sampling (a training
+    step's decision, so not in the engines' and the evaluation's :class:`SamplingConfig`)."""
+
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop the groups whose samples are all correct or all wrong (``model.reward.
+    correct_threshold`` on the reward before any overlong penalty) and generate further batches of prompts until
+    the update holds a full batch of groups whose correctness varies, or ``max_gen_batches`` generations were made."""
+    max_gen_batches: int = 10
+    """With ``filter_groups``: the most generation batches one update may draw; when they hold fewer informative
+    groups than a batch, the update trains on those (``train/filter/*`` shows how many)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_flag("model.sampling.filter_groups", self.filter_groups)
+        check_number("model.sampling.max_gen_batches", self.max_gen_batches, low=1, integer=True)
+        if self.filter_groups and self.num_samples < 2:
+            raise ValueError(
+                f"model.sampling.filter_groups=True needs model.sampling.num_samples >= 2, got {self.num_samples} "
+                "(the samples of a group of one always agree, so every group would be dropped)"
+            )
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig) -> TrainingSamplingConfig:
+        """``sampling`` as training settings (a plain :class:`SamplingConfig` gets dynamic sampling off)."""
+        return sampling if isinstance(sampling, cls) else cls(**asdict(sampling))
 
 
 @dataclass(frozen=True)
@@ -353,7 +383,7 @@ class RFTSettings:
 
     policy: PolicyConfig
     algorithm: Literal["grpo", "ppo"]
-    sampling: SamplingConfig
+    sampling: TrainingSamplingConfig
     reward: RewardConfig
     advantages: AdvantageConfig
     loss: LossConfig
@@ -366,10 +396,9 @@ class RFTSettings:
 
     @classmethod
     def build(cls, **groups: Any) -> RFTSettings:
-        """Settings from group objects or plain mappings (checkpoints store the groups as dicts).
-
-        Missing groups take their defaults; ``algorithm: ppo`` without a ``ppo`` group gets :class:`PPOConfig`'s.
-        A mapping saved under a renamed key (:data:`RENAMED_MODEL_KEYS`) is read under today's key.
+        """Settings from group objects or plain mappings (checkpoints store the groups as dicts). Missing groups
+        take their defaults; ``algorithm: ppo`` without a ``ppo`` group gets :class:`PPOConfig`'s; a
+        plain ``SamplingConfig`` filters no groups. A mapping saved under a renamed key is read under today's key.
         """
         groups = carry_over_renamed_keys(groups)
         unknown = sorted(set(groups) - {f.name for f in fields(cls)})
@@ -379,6 +408,7 @@ class RFTSettings:
         for name, group in _GROUP_TYPES.items():
             value = groups.get(name, None if name == "ppo" else group())
             values[name] = group(**value) if isinstance(value, Mapping) else value
+        values["sampling"] = TrainingSamplingConfig.of(values["sampling"])
         if values["algorithm"] == "ppo" and values["ppo"] is None:
             values["ppo"] = PPOConfig()
         return cls(**values)
@@ -445,7 +475,7 @@ class RFTSettings:
 
 _GROUP_TYPES: dict[str, type] = {
     "policy": PolicyConfig,
-    "sampling": SamplingConfig,
+    "sampling": TrainingSamplingConfig,
     "reward": RewardConfig,
     "advantages": AdvantageConfig,
     "loss": LossConfig,

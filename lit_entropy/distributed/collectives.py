@@ -8,6 +8,7 @@ the same order.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_sco
 
 __all__ = [
     "all_gather_counts",
+    "all_gather_objects",
     "all_gather_equal",
     "all_reduce_max",
     "all_reduce_sum",
@@ -51,6 +53,15 @@ def all_gather_counts(count: int, device: torch.device) -> list[int]:
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     return [int(t.item()) for t in gathered]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj`` (tensors on the CPU), in rank order (``[obj]`` when not distributed)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def all_gather_equal(tensor: Tensor) -> Tensor:

@@ -195,3 +195,20 @@ def export_policy(
         strategy.barrier("export_pretrained")
     rank_zero_info(f"lit_entropy: exported the policy to {path}")
     return str(path)
+
+
+def export_module(module: Any, path: str | os.PathLike | None) -> str:
+    """Export an :class:`~lit_entropy.module.RFTModule`'s policy and tokenizer; returns the path.
+
+    ``path`` None: ``<log_dir>/hf_model`` of its trainer (:func:`export_policy`). Under FSDP2 every rank calls it.
+    """
+    from lit_entropy.internals.lightning import attached_trainer
+    from lit_entropy.models.loading import load_tokenizer
+
+    trainer = attached_trainer(module)
+    if path is None and trainer is None:
+        raise ValueError("export_pretrained needs a path when the module is not attached to a Trainer")
+    tokenizer = module.tokenizer or load_tokenizer(module.model_name_or_path)
+    strategy = None if trainer is None else trainer.strategy
+    path = path or default_export_dir(trainer)
+    return export_policy(module.policy, tokenizer, path, strategy=strategy, write=module.global_rank == 0)

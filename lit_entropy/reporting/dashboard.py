@@ -37,6 +37,7 @@ __all__ = [
     "TrainDashboard",
     "batch_statistics",
     "informative_groups",
+    "fill_scalars",
     "loss_scalars",
     "peak_memory_mb",
     "samples_markdown",
@@ -140,6 +141,8 @@ class StepReport:
         skipped_updates: updates skipped so far in the run (cumulative).
         clip: the step's PPO clip fractions (``ClipRatio.compute()``: ``low``, ``high``, ``total``), or None when
             the plan logs none.
+        fill: the dynamic-sampling :class:`~lit_entropy.step.group_fill.FillStep` that finished this update's
+            fill, or None without filtering (``train/filter/*``, :func:`fill_scalars`).
     """
 
     experience: Any
@@ -148,6 +151,25 @@ class StepReport:
     lr: float
     skipped_updates: int = 0
     clip: dict[str, Tensor] | None = None
+    fill: Any = None
+
+
+def fill_scalars(step: Any) -> dict[str, float]:
+    """``train/filter/*`` of a finished dynamic-sampling fill (``model.sampling.filter_groups``), summed over ranks:
+    the generation batches it drew, the groups (prompts) generated, the informative ones among them (correctness
+    not all-equal) and those the update trained on (a batch; fewer when ``max_gen_batches`` ran out; a surplus is
+    dropped).
+
+    Args:
+        step: a :class:`~lit_entropy.step.group_fill.FillStep` with ``done`` True.
+    """
+    counts = step.counts
+    return {
+        "train/filter/gen_batches": float(step.fill.gen_batches),
+        "train/filter/groups_drawn": float(counts.drawn),
+        "train/filter/groups_kept": float(counts.kept),
+        "train/filter/groups_trained": float(step.train_groups * counts.ranks),
+    }
 
 
 class PhaseTimer:
@@ -305,6 +327,7 @@ class TrainDashboard(nn.Module):
             stats["train/loss/entropy_coef"] = experience.coefficients["entropy_coef"]
         if experience.rollout_gap is not None:
             stats.update(self._gap(experience))
+        stats.update(fill_scalars(report.fill) if report.fill is not None else {})
         stats.update(self._perf(run, experience))
         for key, value in stats.items():
             log(key, torch.tensor(float(value)), on_step=True, batch_size=report.prompts)

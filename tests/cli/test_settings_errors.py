@@ -90,6 +90,11 @@ CASES = [
     ("settings check", ["--model.sampling.num_samples=1"], None,
      "model.sampling.num_samples must be >= 2 for grpo, got 1 "
      "(model.advantages.estimator='grpo' compares the samples of each prompt)", []),
+    ("max_gen_batches", ["--model.sampling.max_gen_batches=0"], None,
+     "model.sampling.max_gen_batches must be an integer >= 1, got 0", []),
+    ("filter a group of one", ["--model.sampling.filter_groups=true", "--model.sampling.num_samples=1"], None,
+     "model.sampling.filter_groups=True needs model.sampling.num_samples >= 2, got 1 (the samples of a group of one "
+     "always agree, so every group would be dropped)", []),
     ("group check", ["--model.algorithm=ppo", "--model.ppo.gamma=2"], None,
      "model.ppo.gamma must be a number in [0, 1], got 2.0", []),
     ("gradient clipping", ["--trainer.gradient_clip_val=1.0"], None, None,

@@ -36,6 +36,7 @@ from lit_entropy.settings import (
     LossConfig,
     OptimConfig,
     PolicyConfig,
+    TrainingSamplingConfig,
     UpdateConfig,
 )
 
@@ -55,6 +56,10 @@ COMPARED = (
     "train/clip/high",
     "train/entropy_clip/frac",
     "train/entropy_clip/frac_neg",
+    "train/filter/gen_batches",
+    "train/filter/groups_drawn",
+    "train/filter/groups_kept",
+    "train/filter/groups_trained",
 )
 
 
@@ -104,13 +109,21 @@ class SeededPolicySampler(RolloutEngine):
         return RolloutBatch(sequences=ids, attention_mask=full_mask, response_mask=response_mask)
 
 
+def odd_answer_reward(completions: list[str], answers: list[str]) -> list[float]:
+    """With 4 samples per prompt: sample 0 of a prompt with an odd answer is correct, every other sample wrong (a
+    group is informative exactly when its answer is odd)."""
+    return [float(int(a) % 2 == 1 and i % 4 == 0) for i, a in enumerate(answers)]
+
+
 class Recorder(Callback):
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
+        self.steps: list[int] = []  # global_step after each batch
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         metrics = trainer.callback_metrics
         self.rows.append({k: float(metrics[k]) for k in COMPARED if k in metrics})
+        self.steps.append(trainer.global_step)
 
 
 class InterruptRank1(Callback):
@@ -139,6 +152,7 @@ def run(
     fsdp_param_dtype: str | None = None,
     export_dir: str | None = None,
     max_tokens_per_micro_batch: int | None = None,
+    filter_groups: bool = False,
 ) -> None:
     """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
     ``ckpt_path`` when given."""
@@ -150,7 +164,9 @@ def run(
     module = RFTModule(
         PolicyConfig(model, gradient_checkpointing=gradient_checkpointing, fsdp_param_dtype=fsdp_param_dtype),
         algorithm=algorithm,
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        sampling=TrainingSamplingConfig(
+            num_samples=4, max_new_tokens=4, filter_groups=filter_groups, max_gen_batches=2
+        ),
         loss=LossConfig(kl_coef=0.05),
         optim=OptimConfig(lr=1e-2, max_grad_norm=0.5),  # a small clip, so it acts on the (sharded) gradients
         evaluation=EvaluationConfig(num_samples=2),
@@ -158,7 +174,7 @@ def run(
         update=UpdateConfig(max_tokens_per_micro_batch=max_tokens_per_micro_batch),
         logging=LoggingConfig(export_on_train_end=export_dir is not None, export_dir=export_dir),
     )
-    module.reward_fn = digit_reward
+    module.reward_fn = odd_answer_reward if filter_groups else digit_reward
     update_shapes: list[list[int]] = []  # [rows, response columns] of every micro-batch of the update
     minibatch_loss = module.minibatch_loss
 
@@ -202,6 +218,7 @@ def run(
         torch.save({k: v.detach().cpu() for k, v in state.items()}, os.path.join(out, "weights.pt"))
         info = {
             "rows": recorder.rows,
+            "steps": recorder.steps,
             "global_step": trainer.global_step,
             "sharded": type(module.policy).__name__,
             "local_embedding_rows": _local_rows(module.policy.get_input_embeddings().weight),
@@ -235,12 +252,15 @@ def main() -> None:
     parser.add_argument("--sigint-rank1-batch", type=int, default=None)
     parser.add_argument("--algorithm", default="grpo")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--filter-groups", action="store_true")
     args = parser.parse_args()
     run(
         args.model,
         args.out,
         args.devices,
         args.global_batch,
+        batches=args.batches,
         max_steps=args.max_steps,
         ckpt_path=args.ckpt_path,
         sigint_rank1_batch=args.sigint_rank1_batch,
@@ -249,6 +269,7 @@ def main() -> None:
         fsdp_param_dtype=args.fsdp_param_dtype,
         export_dir=os.path.join(args.out, "hf_model") if args.export else None,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
+        filter_groups=args.filter_groups,
     )
 
 

@@ -185,3 +185,66 @@ def test_the_fsdp2_overlay_composes_with_a_recipe():
     assert cli.trainer.num_devices == 2
     assert cli.model.settings.policy.gradient_checkpointing is True
     assert cli.model.settings.algorithm == "grpo" and cli.model.settings.optim.lr == 3e-4  # the recipe survives
+
+
+def _filter_reference(answers: list[str], batches: int, ranks: int = 2, per_rank: int = 2, max_gen: int = 2):
+    """By hand: without shuffling rank r takes prompts r, r + ranks, ...; a fill ends when every rank holds
+    ``per_rank`` odd-answer prompts or ``max_gen`` generation batches were drawn; each rank then trains on the
+    fewest any rank holds (at most ``per_rank``). One optimizer step per update."""
+    fills, kept, gens, step, steps = {}, [0] * ranks, 0, 0, []
+    for i in range(batches):
+        gens += 1
+        for r in range(ranks):
+            mine = list(range(len(answers)))[r::ranks][i * per_rank : (i + 1) * per_rank]
+            kept[r] += sum(int(answers[j]) % 2 for j in mine)
+        if min(kept) >= per_rank or gens == max_gen:
+            trained = min(per_rank, min(kept))
+            fills[i] = {"gens": gens, "drawn": gens * per_rank * ranks, "kept": sum(kept), "trained": trained * ranks,
+                        "uneven": len(set(kept)) > 1}  # fmt: skip
+            step += trained > 0
+            kept, gens = [0] * ranks, 0
+        steps.append(step)
+    return fills, steps
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_dynamic_sampling_on_two_fsdp2_ranks_agrees_and_resumes_mid_fill(model_dir, tmp_path):
+    """Ranks holding different numbers of informative groups finish each fill together and train on as many groups
+    each (the update's collectives match); a Ctrl-C reaching rank 1 inside a fill writes both ranks' partial fills,
+    and the resumed run ends with the uninterrupted run's weights."""
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    batches = 6
+    full = _two_ranks(model_dir, tmp_path / "full", "--filter-groups", "--batches", str(batches))
+    data = PromptDataModule(tokenizer_name_or_path=model_dir, batch_size=2, num_train_examples=32, shuffle=False)
+    data.setup("fit")
+    fills, steps = _filter_reference(data.train_data.answers, batches)
+    assert any(f["uneven"] for f in fills.values()), "the data must give the ranks different kept counts"
+    assert full["steps"] == steps
+    for i, fill in fills.items():
+        if fill["trained"]:
+            row = full["rows"][i]
+            assert [row[f"train/filter/{k}"] for k in ("gen_batches", "groups_drawn", "groups_kept")] == [
+                fill["gens"], fill["drawn"], fill["kept"]
+            ]  # fmt: skip
+            assert row["train/filter/groups_trained"] == fill["trained"]
+
+    refill = next(i for i in range(1, batches) if i not in fills and steps[i] > 0)  # opens a fill, after an update
+    first = _two_ranks(
+        model_dir, tmp_path / "a", "--filter-groups", "--batches", str(batches), "--sigint-rank1-batch", str(refill)
+    )
+    assert len(first["steps"]) == refill + 1
+    ckpt = tmp_path / "a" / "checkpoints" / "interrupted.ckpt"
+    fill_states = torch.load(ckpt, weights_only=True)["lit_entropy_group_fill"]
+    assert len(fill_states) == 2 and all(state["gen_batches"] == 1 for state in fill_states)  # one per rank
+    resumed = _two_ranks(
+        model_dir, tmp_path / "b", "--filter-groups", "--batches", str(batches), "--ckpt-path", str(ckpt)
+    )
+    assert resumed["global_step"] == full["global_step"] == steps[-1]
+    torch.testing.assert_close(
+        torch.load(tmp_path / "b" / "weights.pt", weights_only=True),
+        torch.load(tmp_path / "full" / "weights.pt", weights_only=True),
+        rtol=1e-6,
+        atol=1e-7,
+    )

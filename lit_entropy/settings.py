@@ -125,8 +125,8 @@ class TrainingSamplingConfig(SamplingConfig):
     step's decision, so not in the engines' and the evaluation's :class:`SamplingConfig`)."""
 
     filter_groups: bool = False
-    """DAPO dynamic sampling: drop the groups whose samples are all correct or all wrong (``model.reward.
-    correct_threshold`` on the reward before any overlong penalty) and generate further batches of prompts until
+    """DAPO dynamic sampling: drop the groups whose samples are all correct or all wrong (by
+    ``model.reward.correct_threshold``, before any overlong penalty) and generate further batches of prompts until
     the update holds a full batch of groups whose correctness varies, or ``max_gen_batches`` generations were made."""
     max_gen_batches: int = 10
     """With ``filter_groups``: the most generation batches one update may draw; when they hold fewer informative

@@ -287,3 +287,21 @@ def test_the_command_check_finds_a_stale_command(command_options):
     assert len(errors("python scripts/bench_step.py --no-such-flag")) == 1
     assert len(errors("python scripts/no_such_script.py")) == 1
     assert len(errors("X=0 lit-entropy fitt")) == 1 and errors("with lit-entropy set the path") == []
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def test_every_table_row_has_its_header_s_cells():
+    """An unescaped ``|`` inside a code span splits a cell on GitHub (write ``\\|``)."""
+    bad = []
+    for path in DOCS:
+        prose, _ = split_markdown(path)
+        cells = None
+        for number, line in enumerate(prose.splitlines(), 1):
+            if not line.startswith("|"):
+                cells = None
+                continue
+            count = len(re.findall(r"(?<!\\)\|", line))
+            cells = count if cells is None else cells
+            if count != cells:
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {count - 1} cells, the header has {cells - 1}")
+    assert not bad, "table rows that do not match their header:\n" + "\n".join(bad)

@@ -58,6 +58,7 @@ from lit_entropy.step import (
     value_estimates,
 )
 from lit_entropy.step.group_fill import DynamicSampling
+from lit_entropy.step.kept_set import kept_set_log_mass
 from lit_entropy.step.micro_batches import forward_parts, micro_batches
 from lit_entropy.step.skips import SkippedUpdates
 
@@ -116,11 +117,7 @@ class RFTModule(LightningModule):
         self.model_name_or_path = self.settings.policy.model_name_or_path or default_model_path()
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
-        if self.settings.rollout_correction.enabled and not self.rollout_engine.reports_logprobs:
-            raise ValueError(
-                f"model.rollout_correction.level={self.settings.rollout_correction.level!r} needs the log-probs the "
-                f"engine sampled with, but model.rollout={type(self.rollout_engine).__name__} reports none"
-            )
+        self.settings.rollout_correction.check_engine(self.rollout_engine)
         self.owns_rollout_engine = False
         # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
         self.policy = self.ref_model = self.critic = self.value_head = None
@@ -296,9 +293,11 @@ class RFTModule(LightningModule):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = self.reference_logprobs(part)
             values = None if self.value_head is None else self.values(part, forward.hidden)
+            kept = kept_set_log_mass(self.policy, part, self.settings)
             stats = RolloutStatistics.from_passes(
-                forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None
-            )
+                forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None,
+                kept_log_mass=kept,
+            )  # fmt: skip
             parts.append((index, stats))
         return RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])
 

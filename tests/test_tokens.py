@@ -106,9 +106,9 @@ def test_detach_covers_every_declared_field_and_keeps_the_update_forward():
 def test_from_passes_maps_the_entropy_statistics_by_name_and_detaches():
     gen = torch.Generator().manual_seed(4)
     logprobs, entropy, discriminator, average = (torch.randn(N, T, generator=gen, requires_grad=True) for _ in range(4))
-    ref, values = torch.randn(N, T, generator=gen), torch.randn(N, T, generator=gen)
+    ref, values, kept = (torch.randn(N, T, generator=gen) for _ in range(3))
     stats = RolloutStatistics.from_passes(
-        EntropyStats(logprobs, entropy, discriminator, average), ref_logprobs=ref, old_values=values
+        EntropyStats(logprobs, entropy, discriminator, average), ref_logprobs=ref, old_values=values, kept_log_mass=kept
     )
     expected = {
         "old_logprobs": logprobs,
@@ -117,6 +117,7 @@ def test_from_passes_maps_the_entropy_statistics_by_name_and_detaches():
         "policy_average": average,
         "ref_logprobs": ref,
         "old_values": values,
+        "kept_log_mass": kept,
     }
     assert stats.row_tensors().keys() == expected.keys()
     for name, want in expected.items():

@@ -32,6 +32,7 @@ __all__ = [
     "ROLLOUT_CORRECTION_MODES",
     "RolloutCorrection",
     "check_rollout_correction_args",
+    "kept_log_mass",
     "mismatch_metrics",
     "mismatch_sums",
     "rollout_correction",
@@ -209,3 +210,32 @@ def mismatch_metrics(sums: Tensor) -> dict[str, float]:
         "frac_above": s["above"] / units,
         "frac_below": s["below"] / units,
     }
+
+
+def kept_log_mass(scores: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """``log`` of the probability mass that top-k then top-p keep of ``softmax(scores)``, per row ``[...]``.
+
+    The kept set is Hugging Face's and vLLM's: top-k keeps every token scoring at least the k-th highest score
+    (ties kept); top-p, on the top-k-renormalised distribution sorted ascending, drops the tokens whose
+    cumulative probability is ``<= 1 - top_p`` (the most likely token always stays). A log-prob of the full
+    ``softmax(scores)`` minus this is the log-prob renormalised over the kept set, the distribution an engine
+    with those filters samples from.
+
+    Args:
+        scores: ``[..., V]`` temperature-scaled logits (float32 or float64; computed in at least float32).
+        top_k: keep the k best tokens; 0 = all.
+        top_p: nucleus mass in ``(0, 1]``; 1 = all.
+    """
+    scores = scores.float() if scores.dtype not in (torch.float32, torch.float64) else scores
+    full = torch.logsumexp(scores, dim=-1)
+    kept = scores
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        kept = kept.masked_fill(kept < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(kept, dim=-1)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1.0 - top_p
+        drop[..., -1] = False
+        kept = kept.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.logsumexp(kept, dim=-1) - full

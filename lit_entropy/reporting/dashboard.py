@@ -356,6 +356,8 @@ class TrainDashboard(nn.Module):
         }
         if experience.mismatch is not None:
             metrics = mismatch_metrics(all_reduce_sum(experience.mismatch.clone()))
+            if experience.rollout_weights is None:  # no correction: no bounds to be out of
+                del metrics["frac_above"], metrics["frac_below"]
             out.update({f"train/rollout/{name}": value for name, value in metrics.items()})
         return out
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from lit_entropy.functional.rollout_correction import check_rollout_correction_args, default_lower
+from lit_entropy.rollout.base import RolloutEngine
 
 __all__ = ["RolloutCorrectionConfig"]
 
@@ -32,11 +33,17 @@ class RolloutCorrectionConfig:
     lower: float | None = None
     """Lower bound under ``mask`` (in ``[0, upper)``); null = ``1 / upper``. Under ``truncate`` only the fraction
     below it is logged."""
+    kept_set_logprobs: bool = False
+    """Compare the engine's log-probs with the trainer's renormalised over the set top-k / top-p keep (the engines
+    report log-probs of that truncated distribution, the trainer's are of the full softmax: without this, weights
+    and ``train/rollout/*`` include ``log`` of the kept mass). Costs one more full-logits forward per batch when
+    ``model.sampling.top_p < 1`` or ``top_k > 0``; works with the correction off too (metrics only)."""
 
     def __post_init__(self) -> None:
         prefix = "model.rollout_correction."
         if self.level is None:
-            changed = [f.name for f in fields(self) if f.name != "level" and getattr(self, f.name) != f.default]
+            free = ("level", "kept_set_logprobs")
+            changed = [f.name for f in fields(self) if f.name not in free and getattr(self, f.name) != f.default]
             if changed:
                 raise ValueError(
                     f"{prefix}{changed[0]}={getattr(self, changed[0])!r} is set but the correction is off "
@@ -46,6 +53,14 @@ class RolloutCorrectionConfig:
         check_rollout_correction_args(
             level=self.level, mode=self.mode, upper=self.upper, lower=self.lower, prefix=prefix
         )
+
+    def check_engine(self, engine: RolloutEngine) -> None:
+        """Refuse a correction the engine cannot feed: it must report the log-probs it sampled with."""
+        if self.enabled and not engine.reports_logprobs:
+            raise ValueError(
+                f"model.rollout_correction.level={self.level!r} needs the log-probs the engine sampled with, but "
+                f"model.rollout={type(engine).__name__} reports none (RolloutEngine.reports_logprobs)"
+            )
 
     @property
     def enabled(self) -> bool:

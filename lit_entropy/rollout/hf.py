@@ -24,10 +24,18 @@ TALL_HEAD_MAX_ROWS = 64
 class HFRolloutEngine(RolloutEngine):
     """Sample with ``policy.generate``; the policy is shared with the trainer, so no weight sync.
 
+    Log-probs: ``rollout_logprobs`` are those of the sampled token under the distribution it was drawn from,
+    computed from the very scores the sampler read: ``softmax(logits / T)`` restricted to the top-k / top-p kept
+    set and renormalised over it. The trainer's log-probs are of the full ``softmax(logits / T)``, so with top-p
+    or top-k on, ``trainer - rollout`` sits below 0 by ``log`` of the kept mass (the correction weights below 1);
+    ``model.rollout_correction.kept_set_logprobs`` renormalises the trainer's side over the same kept set.
+
     Args:
         eos_token_id: id(s) that end a completion; None = the tokenizer's (filled in by :meth:`attach`).
         pad_token_id: id used to pad finished rows; None = the tokenizer's.
     """
+
+    reports_logprobs = True
 
     def __init__(self, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None) -> None:
         self.eos_token_id = eos_token_id
@@ -51,6 +59,8 @@ class HFRolloutEngine(RolloutEngine):
         # sets repetition_penalty=1.05, top_k=20, top_p=0.8): samples would then come from another distribution
         # than the softmax(logits / T) the trainer's log-probs assume. A clean config for the call excludes them.
         prompt_mask = attention_mask.repeat_interleave(sampling.num_samples, dim=0)
+        processors = sampling_processors(sampling)
+        sampler = processors[-1]
         saved = getattr(policy, "generation_config", None)
         policy.generation_config = GenerationConfig(bos_token_id=getattr(saved, "bos_token_id", None))
         try:
@@ -61,7 +71,7 @@ class HFRolloutEngine(RolloutEngine):
                     input_ids=input_ids.repeat_interleave(sampling.num_samples, dim=0),
                     attention_mask=prompt_mask,
                     do_sample=False,
-                    logits_processor=sampling_processors(sampling),
+                    logits_processor=processors,
                     max_new_tokens=sampling.max_new_tokens,
                     eos_token_id=self.eos_token_id,
                     pad_token_id=self.pad_token_id,
@@ -73,20 +83,35 @@ class HFRolloutEngine(RolloutEngine):
         prompt_length = input_ids.shape[1]
         responses = output[:, prompt_length:]
         response_mask = response_mask_from_ids(responses, self.eos_token_id)
+        logprobs = sampler.logprobs(responses.shape).to(responses.device).masked_fill(~response_mask, 0.0)
         full_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-        return RolloutBatch(sequences=output, attention_mask=full_mask, response_mask=response_mask)
+        return RolloutBatch(
+            sequences=output, attention_mask=full_mask, response_mask=response_mask, rollout_logprobs=logprobs
+        )
 
 
 class SampledOneHot(LogitsProcessor):
     """Last logits processor of a greedy ``generate``: draws the next token from ``softmax(scores)`` and returns
-    scores that are 0 there and ``-inf`` elsewhere, so the argmax is the sample."""
+    scores that are 0 there and ``-inf`` elsewhere, so the argmax is the sample.
+
+    It keeps each step's sampled log-probs (of ``softmax(scores)``: the warped distribution it drew from).
+    """
 
     def __init__(self) -> None:
         self.sampler = CategoricalSampler()
+        self.steps: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        ids = self.sampler(scores)
+        ids, logprobs = self.sampler.sample(scores)
+        self.steps.append(logprobs)
         return scores.fill_(float("-inf")).scatter_(1, ids.unsqueeze(1), 0.0)
+
+    def logprobs(self, shape: torch.Size) -> Tensor:
+        """The recorded log-probs as ``[rows, steps]`` float32 (``shape``: the responses', to check the count)."""
+        out = torch.stack(self.steps, dim=1) if self.steps else torch.zeros(shape[0], 0)
+        if tuple(out.shape) != tuple(shape):
+            raise RuntimeError(f"recorded {tuple(out.shape)} sampled log-probs for responses of shape {tuple(shape)}")
+        return out
 
 
 def sampling_processors(sampling: SamplingConfig) -> LogitsProcessorList:

@@ -49,6 +49,7 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
         ref_logprobs: Tensor | None = None,
         old_values: Tensor | None = None,
         update_forward: ResponseForward | None = None,
+        kept_log_mass: Tensor | None = None,
     ) -> RolloutStatistics:
         """The statistics of the policy's pass (``stats``), the reference's log-probs and the critic's values,
         detached; ``update_forward`` keeps the policy pass's graph when the update reuses it."""
@@ -58,7 +59,8 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
             "discriminator": stats.discriminator,
             "policy_average": stats.policy_average,
         }
-        out = cls(**policy, ref_logprobs=ref_logprobs, old_values=old_values, update_forward=update_forward)
+        passes = {"ref_logprobs": ref_logprobs, "old_values": old_values, "kept_log_mass": kept_log_mass}
+        out = cls(**policy, **passes, update_forward=update_forward)
         return out.detach()
 
     @classmethod
@@ -210,9 +212,12 @@ def build_experience(
         loss_mask = mask & ~truncated.unsqueeze(-1)
     gap = weights = mismatch = None
     if rollout.rollout_logprobs is not None:
-        # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision).
-        gap = (statistics.old_logprobs - rollout.rollout_logprobs).masked_fill(~mask, 0.0)
-        weights, mismatch = rollout_mismatch(statistics.old_logprobs, rollout.rollout_logprobs, mask, settings)
+        # The trainer's and the engine's log-probs of the same tokens differ (kernels, precision, the kept set).
+        trainer = statistics.old_logprobs
+        if statistics.kept_log_mass is not None:  # renormalised over the top-k / top-p set the engine sampled from
+            trainer = trainer - statistics.kept_log_mass
+        gap = (trainer - rollout.rollout_logprobs).masked_fill(~mask, 0.0)
+        weights, mismatch = rollout_mismatch(trainer, rollout.rollout_logprobs, mask, settings)
     tensors = {**statistics.row_tensors(), "rewards": rewards, "advantages": advantages, "returns": returns}
     tensors.update(loss_mask=loss_mask, rollout_gap=gap, rollout_weights=weights)
     return Experience.from_row_tensors(

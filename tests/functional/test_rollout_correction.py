@@ -205,3 +205,23 @@ def test_every_built_in_loss_multiplies_its_token_terms_by_the_weights(name):
     unweighted = POLICY_LOSSES[name](logprobs, old, adv, mask, **kwargs)[0]
     ones = POLICY_LOSSES[name](logprobs, old, adv, mask, token_weights=torch.ones_like(weights), **kwargs)[0]
     assert float(ones.detach()) == pytest.approx(float(unweighted.detach()), rel=1e-12)
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.5), (5, 1.0), (7, 0.3), (0, 0.999), (1, 0.5), (0, 1.0)])
+def test_kept_log_mass_is_the_mass_hf_warpers_keep(top_k, top_p):
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from lit_entropy.functional.rollout_correction import kept_log_mass
+
+    g = torch.Generator().manual_seed(6)
+    scores = torch.randn(40, 50, generator=g, dtype=torch.float64) * 2
+    scores[:5, :10] = scores[:5, :1]  # ties at the top-k boundary are kept by both
+    warped = scores.clone()
+    if top_k:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    if top_p < 1:
+        warped = TopPLogitsWarper(top_p)(None, warped)
+    expected = torch.logsumexp(warped, -1) - torch.logsumexp(scores, -1)
+    got = kept_log_mass(scores, top_k=top_k, top_p=top_p)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert (got <= 1e-12).all() and (got[0] < 0 if (top_k or top_p < 1) else got[0] == 0)

@@ -135,8 +135,8 @@ def time_series_groups(tags: list[str]) -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize(
     ("config", "conditions"),
     [
-        ("grpo_tiny.yaml", {"always", "grouped", "samples"}),
-        ("clip_b_tiny.yaml", {"always", "grouped", "samples", "mask callback", "entropy clipping"}),
+        ("grpo_tiny.yaml", {"always", "grouped", "samples", "engine log-probs"}),
+        ("clip_b_tiny.yaml", {"always", "grouped", "samples", "mask callback", "entropy clipping", "engine log-probs"}),
     ],
 )
 def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monkeypatch, capsys):

@@ -193,3 +193,79 @@ def test_hf_engine_with_tall_head_draws_the_same_tokens(tiny_model_dir, monkeypa
         tall_calls.append(sum(calls))
     assert tall_calls[0] >= sampling.max_new_tokens - 1 and tall_calls[1] == 0
     assert torch.equal(runs[0], runs[1])
+
+
+def _float64_inverse_cdf(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The token a flat float64 inverse CDF picks for the next uniform draw of ``generator``, per row."""
+    e = torch.exp(scores.double() - scores.double().amax(1, keepdim=True))
+    cdf = e.cumsum(1)
+    u = (1.0 - torch.rand(scores.shape[0], 1, dtype=torch.float64, generator=generator)) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1)
+
+
+def test_bfloat16_scores_are_sampled_as_a_float64_inverse_cdf():
+    # 2047 tail tokens at 0.390625 and one at 8.0 (last): 8 - 0.390625 = 7.609375 needs 9 significant bits, so a
+    # bfloat16 subtraction rounds every tail token's log-weight by 1/64 and moves the tail/head boundary of the CDF
+    # by ~0.8% of the draws. Computed in float32, every draw picks the float64 inverse CDF's token.
+    scores = torch.full((5000, 2048), 0.390625, dtype=torch.bfloat16)
+    scores[:, -1] = 8.0
+    ids, logprobs = CategoricalSampler().sample(scores, torch.Generator().manual_seed(11))
+    reference = _float64_inverse_cdf(scores, torch.Generator().manual_seed(11))
+    assert (ids != reference).sum().item() == 0
+    assert 0.3 < (ids == 2047).float().mean().item() < 0.7  # the boundary is exercised
+    expected = torch.log_softmax(scores.double(), 1).gather(1, ids[:, None]).squeeze(1)
+    torch.testing.assert_close(logprobs.double(), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sampled_logprobs_are_the_float64_log_softmax(dtype):
+    gen = torch.Generator().manual_seed(5)
+    scores = (torch.randn(64, 3000, generator=gen) * 4).to(dtype)
+    scores[:8, 100:] = float("-inf")  # a top-k-like kept set: log-probs of the renormalised distribution
+    ids, logprobs = CategoricalSampler(block=256).sample(scores, gen)
+    assert logprobs.dtype == torch.float32 and bool(torch.isfinite(scores.gather(1, ids[:, None])).all())
+    expected = torch.log_softmax(scores.double(), 1).gather(1, ids[:, None]).squeeze(1)
+    torch.testing.assert_close(logprobs.double(), expected, rtol=0, atol=2e-6)
+
+
+def _reference_logprobs(model, batch, temperature, top_k, top_p):
+    """float64 log-probs of each response token under HF's warped distribution, from one full forward per row."""
+    prompt_length = batch.prompt_length
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+    with torch.no_grad():
+        logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits.double()
+    for row in range(batch.sequences.shape[0]):
+        for t in range(int(batch.response_mask[row].sum())):
+            step_logits = logits[row, prompt_length + t - 1] / temperature
+            probs = torch.softmax(step_logits, 0)
+            keep = torch.ones_like(probs, dtype=torch.bool)
+            if top_k:
+                keep = probs >= probs.topk(top_k).values[-1]
+            kept = torch.where(keep, probs, 0.0) / torch.where(keep, probs, 0.0).sum()
+            if top_p < 1:
+                order = kept.argsort(descending=True)
+                before = kept[order].cumsum(0) - kept[order]
+                nucleus = torch.zeros_like(keep)
+                nucleus[order[before < top_p]] = True
+                kept = torch.where(nucleus, kept, 0.0) / torch.where(nucleus, kept, 0.0).sum()
+            out[row, t] = kept[batch.responses[row, t]].log()
+    return out
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.2, 0, 0.5)])
+def test_hf_engine_reports_the_log_probs_it_sampled_from(tiny_model_dir, temperature, top_k, top_p):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = HFRolloutEngine(eos_token_id=1, pad_token_id=0)
+    assert engine.reports_logprobs
+    prompt = torch.tensor([[0, 5, 6, 7], [9, 8, 7, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    sampling = SamplingConfig(num_samples=3, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=6)
+    torch.manual_seed(1)
+    batch = engine.generate(model, prompt, mask, sampling)
+    assert batch.rollout_logprobs.shape == batch.response_mask.shape
+    assert (batch.rollout_logprobs[~batch.response_mask] == 0).all()
+    expected = _reference_logprobs(model, batch, temperature, top_k, top_p)
+    got = batch.rollout_logprobs.double().masked_fill(~batch.response_mask, 0.0)
+    torch.testing.assert_close(got, expected.masked_fill(~batch.response_mask, 0.0), rtol=0, atol=2e-4)

@@ -82,3 +82,17 @@ def test_the_weights_multiply_each_tokens_policy_loss_term():
     # Tokens (0, 0) and (3, 2) (w > 2) and (1, 1) (w < 0.5) are masked: no gradient reaches them.
     (grad,) = torch.autograd.grad(out.loss, logprobs)
     assert grad[0, 0] == 0 and grad[3, 2] == 0 and grad[1, 1] == 0 and grad[0, 1] != 0
+
+
+def test_correction_with_an_engine_that_reports_nothing_is_refused_at_construction():
+    from lit_entropy.module import RFTModule
+    from lit_entropy.rollout import HFRolloutEngine
+
+    class Silent(HFRolloutEngine):
+        reports_logprobs = False
+
+    correction = RolloutCorrectionConfig(level="sequence")
+    with pytest.raises(ValueError, match=r"level='sequence' needs the log-probs .* model.rollout=Silent reports none"):
+        RFTModule(rollout=Silent(), rollout_correction=correction)
+    RFTModule(rollout=Silent())  # metrics only when reported: nothing to refuse without a correction
+    assert RFTModule(rollout_correction=correction).rollout_engine.reports_logprobs  # the default HF engine

@@ -151,17 +151,18 @@ class RFTModule(LightningModule):
             self.strict_loading = self.ref_model is None and self.settings.policy.lora is None
 
     def setup(self, stage: str) -> None:
-        from lit_entropy.models.loading import check_context_length, load_tokenizer
+        from lit_entropy.models.loading import check_context_length, eos_token_ids, load_tokenizer
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
         data = getattr(attached_trainer(self), "datamodule", None)
         longest = data.longest_prompt_tokens() if isinstance(data, PromptSource) else None
         needed = max(self.settings.sampling.max_new_tokens, self.evaluation_sampling().max_new_tokens)
         check_context_length(self.model_name_or_path, longest, needed)
+        self.stop_ids = eos_token_ids(self.model_name_or_path, self.tokenizer)  # one EOS set for both engines
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         seed = torch.initial_seed() % 2**31
         self.owns_rollout_engine |= self.rollout_engine.attach(
-            self.model_name_or_path, eos, eos if pad is None else pad, seed
+            self.model_name_or_path, list(self.stop_ids) or None, eos if pad is None else pad, seed
         )
 
     def teardown(self, stage: str) -> None:
@@ -228,7 +229,8 @@ class RFTModule(LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
-        with self.dashboard.timer("generate"):
+        with self.dashboard.timer("generate"):  # a resumed run's engine may hold the disk's weights: push if so
+            self.rollout_engine.sync_weights(self.policy, self.global_step)
             rollout = self.generate(batch, self.settings.sampling)
         with self.dashboard.timer("score"):
             rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
@@ -272,8 +274,9 @@ class RFTModule(LightningModule):
         )
 
     def eos_token_ids(self) -> tuple[int, ...]:
-        """The tokenizer's EOS ids (a completion ending in one of them stopped; none = only the length decides)."""
-        eos = self.tokenizer.eos_token_id
+        """The EOS ids of setup (tokenizer + generation config; before setup the tokenizer's): a completion ending
+        in one of them stopped; none = only the length decides."""
+        eos = getattr(self, "stop_ids", None) or self.tokenizer.eos_token_id
         return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
 
     @torch.no_grad()

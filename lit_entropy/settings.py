@@ -153,10 +153,11 @@ class EvaluationConfig(SamplingConfig):
     """Sampling and metrics at validation / test: K samples per prompt, Avg@K and Pass@k."""
 
     _setting_prefix = "model.evaluation."
+    _greedy_allowed = True
     num_samples: int = 8
     """K: completions sampled per prompt."""
     temperature: float = 0.7
-    """Sampling temperature."""
+    """Sampling temperature in [0.01, 2], or 0 = greedy decoding (with ``num_samples: 1``)."""
     max_new_tokens: int | None = None  # type: ignore[assignment]
     """Completion length limit in tokens; null = ``model.sampling.max_new_tokens``."""
     pass_k: list[int] | None = None
@@ -172,6 +173,8 @@ class EvaluationConfig(SamplingConfig):
     def sampling_config(self, training: SamplingConfig) -> SamplingConfig:
         """These settings as a plain :class:`SamplingConfig`, with ``training``'s length limit when unset."""
         max_new_tokens = training.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+        if self.temperature == 0:  # greedy: only evaluation settings allow it
+            return replace(self, max_new_tokens=max_new_tokens)
         return SamplingConfig(self.num_samples, self.temperature, self.top_p, self.top_k, max_new_tokens)
 
     def pass_ks(self) -> list[int]:

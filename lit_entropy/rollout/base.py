@@ -11,7 +11,17 @@ from torch import Tensor, nn
 
 from lit_entropy.functional.checks import check_number
 
-__all__ = ["RolloutBatch", "RolloutEngine", "SamplingConfig", "response_mask_from_ids"]
+__all__ = [
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingConfig",
+    "response_mask_from_ids",
+]
+
+#: The temperature range both engines sample exactly: vLLM refuses above 2 and raises anything in (0, 0.01) to 0.01.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 2.0
 
 
 @dataclass(frozen=True)
@@ -19,10 +29,11 @@ class SamplingConfig:
     """How to sample completions (``model.sampling`` for training rollouts)."""
 
     _setting_prefix: ClassVar[str] = "model.sampling."
+    _greedy_allowed: ClassVar[bool] = False  # temperature 0 (greedy, one sample): evaluation only
     num_samples: int = 8
     """Completions per prompt, consecutive rows of the batch: the GRPO group size."""
     temperature: float = 1.0
-    """Softmax temperature (> 0); training log-probs use the same temperature."""
+    """Softmax temperature in [0.01, 2] (the range both engines honour); training log-probs use the same one."""
     top_p: float = 1.0
     """Nucleus-sampling mass in (0, 1]."""
     top_k: int = 0
@@ -33,7 +44,14 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         prefix = self._setting_prefix
         check_number(f"{prefix}num_samples", self.num_samples, low=1, integer=True)
-        check_number(f"{prefix}temperature", self.temperature, low=0, low_open=True)
+        if self.temperature == 0 and self._greedy_allowed:
+            if self.num_samples != 1:
+                raise ValueError(
+                    f"{prefix}temperature=0 (greedy) needs {prefix}num_samples=1, got {self.num_samples}: greedy "
+                    "samples are all the same (and vLLM refuses more than one)"
+                )
+        else:
+            check_number(f"{prefix}temperature", self.temperature, low=MIN_TEMPERATURE, high=MAX_TEMPERATURE)
         check_number(f"{prefix}top_p", self.top_p, low=0, high=1, low_open=True)
         check_number(f"{prefix}top_k", self.top_k, low=0, integer=True)
         # None only where a subclass documents a fallback (evaluation: the training limit).

@@ -59,8 +59,9 @@ class HFRolloutEngine(RolloutEngine):
         # sets repetition_penalty=1.05, top_k=20, top_p=0.8): samples would then come from another distribution
         # than the softmax(logits / T) the trainer's log-probs assume. A clean config for the call excludes them.
         prompt_mask = attention_mask.repeat_interleave(sampling.num_samples, dim=0)
-        processors = sampling_processors(sampling)
-        sampler = processors[-1]
+        greedy = sampling.temperature == 0  # evaluation only: argmax decoding, no sampler, no log-probs
+        processors = LogitsProcessorList() if greedy else sampling_processors(sampling)
+        sampler = None if greedy else processors[-1]
         saved = getattr(policy, "generation_config", None)
         policy.generation_config = GenerationConfig(bos_token_id=getattr(saved, "bos_token_id", None))
         try:
@@ -83,7 +84,9 @@ class HFRolloutEngine(RolloutEngine):
         prompt_length = input_ids.shape[1]
         responses = output[:, prompt_length:]
         response_mask = response_mask_from_ids(responses, self.eos_token_id)
-        logprobs = sampler.logprobs(responses.shape).to(responses.device).masked_fill(~response_mask, 0.0)
+        logprobs = None
+        if sampler is not None:
+            logprobs = sampler.logprobs(responses.shape).to(responses.device).masked_fill(~response_mask, 0.0)
         full_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
         return RolloutBatch(
             sequences=output, attention_mask=full_mask, response_mask=response_mask, rollout_logprobs=logprobs

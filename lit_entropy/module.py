@@ -296,10 +296,9 @@ class RFTModule(LightningModule):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = self.reference_logprobs(part)
             values = None if self.value_head is None else self.values(part, forward.hidden)
-            kept = kept_set_log_mass(self.policy, part, self.settings)
             stats = RolloutStatistics.from_passes(
                 forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None,
-                kept_log_mass=kept,
+                kept_log_mass=kept_set_log_mass(self.policy, part, self.settings),
             )  # fmt: skip
             parts.append((index, stats))
         return RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])

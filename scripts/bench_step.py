@@ -40,7 +40,11 @@ round (``--rounds``) so slow drifts of the machine's load cancel. Reported: medi
 CPU), generated tokens/s, the phase split of lit_entropy's step (generation, statistics pass = the policy forward that
 the single update reuses, update = backward + optimizer, other), peak RSS, ratios against TRL and the per-round paired
 overheads of every other lit_entropy side over GRPO with a t confidence interval. Phase timers wrap the module's
-public phase methods from this script.
+public phase methods from this script. LoRA against full fine-tuning with a KL term (``grpo_kl``: a frozen
+reference model is loaded; ``lora_kl``: LoRA r 16, the reference is the policy with its adapters off)::
+
+    python scripts/bench_step.py --realistic --sides grpo_kl lora_kl --rounds 3 --warmup 2 --steps 4 \
+        --batch-size 4 --group-size 8 --max-new-tokens 64 --threads 1
 
     python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
         --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
@@ -545,6 +549,10 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
         "grpo",
         ("--model.update.reuse_statistics_forward=false", "--model.policy.blockwise_lm_head=false"),
     ),
+    # LoRA (issue 25) against full fine-tuning, both with a KL term: the full run loads a frozen reference model, the
+    # LoRA run (r 16, attention + MLP projections) takes the reference from the policy with its adapters off.
+    "grpo_kl": ("grpo", ("--model.loss.kl_coef=0.05",)),
+    "lora_kl": ("grpo", ("--model.loss.kl_coef=0.05", "--model.policy.lora.r=16")),
     "trl": ("trl", ()),
 }
 #: ``--realistic`` sides with the in-process vLLM engine (opt-in with ``--sides``): they run under the Python of the
@@ -710,6 +718,14 @@ def summarize_realistic(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, An
                 if len(per_round) >= 2:
                     entry[key]["mean"], entry[key]["ci_low"], entry[key]["ci_high"] = t_interval(per_round)
             out["overheads"][side] = entry
+    if "grpo_kl" in sides and "lora_kl" in sides:  # LoRA + KL against full fine-tuning + KL (issue 25), per round
+        out["lora_vs_full"] = {
+            "rss": [r["lora_kl"]["peak_rss_mib"] / r["grpo_kl"]["peak_rss_mib"] for r in rounds],
+            "s_per_step": [
+                statistics.median(r["lora_kl"]["run"]["seconds"]) / statistics.median(r["grpo_kl"]["run"]["seconds"])
+                for r in rounds
+            ],
+        }
     return out
 
 
@@ -745,6 +761,16 @@ def format_realistic(summary: dict[str, Any]) -> str:
                     else "-"
                 )
                 lines.append(f"| {side} | {kind} | {rounds} | {ci} |")
+    lora = summary.get("lora_vs_full")
+    if lora:
+        lines += ["", "| lora_kl / grpo_kl | per round | all rounds |", "|---|---|---|"]
+        sides = summary["sides"]
+        overall = {
+            "rss": sides["lora_kl"]["peak_rss_mib"] / sides["grpo_kl"]["peak_rss_mib"],
+            "s_per_step": sides["lora_kl"]["s_per_step"] / sides["grpo_kl"]["s_per_step"],
+        }
+        for key, label in (("rss", "peak RSS"), ("s_per_step", "s/step")):
+            lines.append(f"| {label} | {', '.join(f'{v:.2f}x' for v in lora[key])} | {overall[key]:.2f}x |")
     return "\n".join(lines)
 
 

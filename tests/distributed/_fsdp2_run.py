@@ -33,6 +33,7 @@ from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, res
 from lit_entropy.settings import (
     EvaluationConfig,
     LoggingConfig,
+    LoraConfig,
     LossConfig,
     OptimConfig,
     PolicyConfig,
@@ -153,6 +154,7 @@ def run(
     export_dir: str | None = None,
     max_tokens_per_micro_batch: int | None = None,
     filter_groups: bool = False,
+    lora: bool = False,
 ) -> None:
     """Fit ``batches`` batches (or stop after ``max_steps`` updates, saving ``<out>/last.ckpt``); resume from
     ``ckpt_path`` when given."""
@@ -162,7 +164,12 @@ def run(
 
     tok = AutoTokenizer.from_pretrained(model)
     module = RFTModule(
-        PolicyConfig(model, gradient_checkpointing=gradient_checkpointing, fsdp_param_dtype=fsdp_param_dtype),
+        PolicyConfig(
+            model,
+            gradient_checkpointing=gradient_checkpointing,
+            fsdp_param_dtype=fsdp_param_dtype,
+            lora=LoraConfig(r=4, alpha=8.0) if lora else None,  # KL reference: the adapters switched off
+        ),
         algorithm=algorithm,
         sampling=TrainingSamplingConfig(
             num_samples=4, max_new_tokens=4, filter_groups=filter_groups, max_gen_batches=2
@@ -254,6 +261,7 @@ def main() -> None:
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--filter-groups", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     run(
         args.model,
@@ -270,6 +278,7 @@ def main() -> None:
         export_dir=os.path.join(args.out, "hf_model") if args.export else None,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
         filter_groups=args.filter_groups,
+        lora=args.lora,
     )
 
 

@@ -167,6 +167,51 @@ def test_ppo_with_a_sharded_value_head_runs_on_two_ranks(model_dir, tmp_path):
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs the lora extra (pip install peft)")
+def test_lora_on_two_fsdp2_ranks_equals_one_process_and_resumes(model_dir, tmp_path):
+    """LoRA adapters with a KL term (reference = adapters off) under FSDP2: two ranks train the adapters as one
+    process does, the base stays frozen, the export is a peft adapter directory, and a consolidated checkpoint of
+    adapters + optimizer state (no base) resumes to the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    try:
+        _helper().run(model_dir, str(tmp_path / "single"), 1, GLOBAL_BATCH, lora=True)
+    finally:
+        torch.set_num_threads(threads)
+    reference = json.loads((tmp_path / "single" / "metrics.json").read_text())
+    ref_weights = torch.load(tmp_path / "single" / "weights.pt", weights_only=True)
+    info = _two_ranks(model_dir, tmp_path / "two", "--lora", "--export")
+    assert info["sharded"] == "FSDPQwen2ForCausalLM" and info["ref_sharded"] is None
+    assert info["global_step"] == reference["global_step"] == 2 and info["num_skipped_updates"] == 0
+    for got, want in zip(info["rows"], reference["rows"], strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert info["rows"][-1]["train/loss/kl"] > 0  # step 1: the adapters start at B = 0, so the policy is the base
+    weights = torch.load(tmp_path / "two" / "weights.pt", weights_only=True)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-4, atol=1e-4)
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    for key, value in initial.items():  # the frozen base did not move
+        module, leaf = key.rsplit(".", 1)
+        torch.testing.assert_close(weights.get(key, weights.get(f"{module}.base_layer.{leaf}")), value, rtol=0, atol=0)
+    assert max(float(v.abs().max()) for k, v in weights.items() if "lora_B" in k) > 1e-3  # the adapters trained
+    assert (tmp_path / "two" / "hf_model" / "adapter_config.json").is_file()
+
+    first = _two_ranks(model_dir, tmp_path / "a", "--lora", "--max-steps", "1")
+    assert first["global_step"] == 1
+    state = torch.load(tmp_path / "a" / "last.ckpt", weights_only=True)["state_dict"]
+    assert state and all(".lora_A." in k or ".lora_B." in k for k in state)
+    resumed = _two_ranks(model_dir, tmp_path / "b", "--lora", "--ckpt-path", str(tmp_path / "a" / "last.ckpt"))
+    assert resumed["global_step"] == 2
+    for key, value in reference["rows"][1].items():
+        assert resumed["rows"][0][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    resumed_weights = torch.load(tmp_path / "b" / "weights.pt", weights_only=True)
+    torch.testing.assert_close(resumed_weights, ref_weights, rtol=1e-4, atol=1e-4)
+
+
 def test_the_fsdp2_overlay_composes_with_a_recipe():
     from lit_entropy.cli import cli_main
     from lit_entropy.distributed.fsdp2 import FSDP2Strategy

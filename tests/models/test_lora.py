@@ -250,3 +250,17 @@ def test_export_merge_writes_a_plain_transformers_model(tiny_model_dir, tmp_path
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     adapter = peft.PeftModel.from_pretrained(base, tmp_path / "adapter2").eval()
     torch.testing.assert_close(_float64_logprobs(adapter, rollout), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ppo_value_head_trains_beside_the_adapters(tiny_model_dir, tmp_path):
+    """PPO with a value head on the LoRA policy's hidden states: the head and the adapters are optimized, the base
+    stays frozen."""
+    from lit_entropy.settings import PPOConfig
+
+    module, trainer = _fit_lora(tiny_model_dir, tmp_path, algorithm="ppo", ppo=PPOConfig())
+    head = list(module.value_head.parameters())
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert {id(p) for p in head} <= optimized
+    assert optimized == {id(p) for n, p in module.policy.named_parameters() if "lora_" in n} | {id(p) for p in head}
+    assert float(module.value_head.weight.abs().max()) > 0  # zero-initialised: it trained
+    assert trainer.global_step > 0 and module.skipped_updates.total == 0

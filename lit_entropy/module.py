@@ -60,6 +60,7 @@ from lit_entropy.step import (
 from lit_entropy.step.group_fill import DynamicSampling
 from lit_entropy.step.kept_set import kept_set_log_mass
 from lit_entropy.step.micro_batches import forward_parts, micro_batches
+from lit_entropy.step.packing import check_packing_attention
 from lit_entropy.step.skips import SkippedUpdates
 
 __all__ = ["RFTModule"]
@@ -140,6 +141,8 @@ class RFTModule(LightningModule):
 
         for name, model in vars(load_rft_models(self.settings, self.model_name_or_path)).items():
             setattr(self, name, model)  # policy, ref_model, critic, value_head
+        if self.settings.update.pack_sequences:
+            check_packing_attention(self.policy, self.ref_model, self.critic)
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
             from lit_entropy.distributed.fsdp2 import shard_models
 
@@ -331,9 +334,8 @@ class RFTModule(LightningModule):
         update = self.settings.update
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         rows = experience.loss_mask.shape[0]
-        reused = experience.update_forward
-        sums: dict[str, float] = {}
-        count, norms = 0, []
+        reused, budget = experience.update_forward, update.max_tokens_per_micro_batch
+        count, norms, sums = 0, [], {}  # sums: loss term -> float
         for _ in range(update.epochs):
             # A reused statistics forward covers the rows in their original order.
             order = torch.arange(rows, device=self.device) if reused else torch.randperm(rows, device=self.device)
@@ -342,11 +344,10 @@ class RFTModule(LightningModule):
                 normalizer = self.loss_normalizer(experience.loss_mask[index])
                 finite = True
                 for micro in [index] if reused else micro_batches(experience.rollout, update, index):
-                    trim = update.max_tokens_per_micro_batch is not None and not reused
-                    out = self.minibatch_loss(experience.micro_batch(micro, trim=trim), normalizer, reused)
+                    rows_of = experience.micro_batch(micro, trim=budget is not None and not reused)
+                    out = self.minibatch_loss(rows_of, normalizer, reused)
                     finite &= bool(torch.isfinite(out.loss.detach()))
-                    # Backward even on a non-finite loss or an empty micro-batch: under data parallel every rank
-                    # must join the gradient collectives; the step is skipped afterwards.
+                    # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
                     self.manual_backward(out.loss)
                     if micro.numel():
                         for key, value in out.terms.items():
@@ -354,7 +355,6 @@ class RFTModule(LightningModule):
                         count += 1
                 norms.append(self.clip_and_step(optimizer, finite_loss=finite))
                 scheduler.step()
-        # A step's shares add up over its micro-batches; the other terms are means over micro-batches.
         out = {key: value / max(len(norms) if key in SHARE_TERMS else count, 1) for key, value in sums.items()}
         out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
         return out
@@ -489,7 +489,8 @@ class RFTModule(LightningModule):
 
     def values(self, rollout: RolloutBatch, policy_hidden: Tensor | None) -> Tensor:
         """Value estimate of the state before each response token, ``[n, T]`` (PPO)."""
-        return value_estimates(self.value_head, rollout, policy_hidden, critic=self.critic)
+        packed = self.settings.update.pack_sequences
+        return value_estimates(self.value_head, rollout, policy_hidden, critic=self.critic, packed=packed)
 
     def export_pretrained(self, path: str | None = None) -> str:
         """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it (default:

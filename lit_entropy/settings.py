@@ -301,9 +301,10 @@ class UpdateConfig:
     micro_batch_size: int | None = None
     """Sequences per forward pass (gradient accumulation); null = the mini-batch."""
     max_tokens_per_micro_batch: int | None = None
-    """Token budget of one forward (prompt + response positions, padding included): rows are sorted by length and
-    grouped so each micro-batch holds as many as fit, in the statistics pass and the update (with
-    ``micro_batch_size`` too, both limit); a longer row runs alone. null = ``micro_batch_size`` rows per forward."""
+    """Token budget of one forward (prompt + response positions, padding included unless packed): rows sorted by
+    length, each micro-batch holds as many as fit (``micro_batch_size`` also limits); null = off."""
+    pack_sequences: bool = False
+    """Padding-free forwards: a micro-batch's rows packed into one (attention sdpa, eager or flash_attention_2)."""
     reuse_statistics_forward: bool = True
     """With exactly one update per rollout batch, reuse the update's forward for the old log-probs and
     statistics instead of a separate no-grad pass (as TRL does)."""
@@ -316,6 +317,7 @@ class UpdateConfig:
         check_number("model.update.micro_batch_size", self.micro_batch_size, low=1, integer=True, optional=True)
         budget = self.max_tokens_per_micro_batch
         check_number("model.update.max_tokens_per_micro_batch", budget, low=1, integer=True, optional=True)
+        check_flag("model.update.pack_sequences", self.pack_sequences)
         check_number("model.update.max_consecutive_skips", self.max_consecutive_skips, low=1, integer=True)
 
 
@@ -423,6 +425,7 @@ class RFTSettings:
             "temperature": self.sampling.temperature,
             "chunk_size": policy.logprob_chunk_size,
             "blockwise": policy.blockwise_lm_head,
+            "packed": self.update.pack_sequences,
         }
 
     def to_hparams(self) -> dict[str, Any]:

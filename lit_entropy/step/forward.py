@@ -17,6 +17,7 @@ from lit_entropy.functional.linear_entropy import linear_entropy_stats
 from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 from lit_entropy.models.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
+from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, unpack_rows
 
 __all__ = [
     "ResponseForward",
@@ -74,6 +75,7 @@ def response_forward(
     policy_average: bool = False,
     hidden: bool = False,
     blockwise: bool = True,
+    packed: bool = False,
 ) -> ResponseForward:
     """Statistics of the sampled response tokens under ``model`` (differentiable when grad is enabled).
 
@@ -91,8 +93,11 @@ def response_forward(
         policy_average: also compute ``E_p[S]`` (Clip_V).
         hidden: also return the hidden states (value head on the policy).
         blockwise: use the blockwise path when the model allows it.
+        packed: run the model on the rows packed into one (:mod:`lit_entropy.step.packing`), no padding.
     """
     responses = rollout.responses
+    if packed:
+        return _packed_response_forward(model, rollout, temperature, chunk_size, policy_average, hidden, blockwise)
     if blockwise and uses_blockwise_head(model):
         states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
         # Read the head after the forward: under FSDP2 its weight is gathered only from the root's forward on.
@@ -101,10 +106,10 @@ def response_forward(
         # EOS are masked out of every loss and statistic, and skipping them saves their share of the head's
         # matmuls forward and backward. They read 0 in the returned [n, T] tensors.
         mask = rollout.response_mask
-        packed = linear_entropy_stats(
+        flat = linear_entropy_stats(
             states[mask], weight, responses[mask], bias=bias, temperature=temperature, policy_average=policy_average
         )
-        stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in packed))
+        stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
         return ResponseForward(stats=stats, hidden=states if hidden else None)
     logits, states = response_logits(
         model, rollout.sequences, rollout.attention_mask, responses.shape[1], hidden=hidden
@@ -115,8 +120,41 @@ def response_forward(
     return ResponseForward(stats=stats, hidden=states)
 
 
+def _packed_response_forward(
+    model: nn.Module,
+    rollout: RolloutBatch,
+    temperature: float,
+    chunk_size: int | None,
+    policy_average: bool,
+    hidden: bool,
+    blockwise: bool,
+) -> ResponseForward:
+    """:func:`response_forward` on the rows packed into one: the blockwise pass (or full logits at the predicting
+    positions only) over the response-mask tokens, unpacked to ``[n, T]`` (zeros off the mask)."""
+    check_packing_attention(model)
+    rows, mask = pack_rows(rollout), rollout.response_mask
+    head = blockwise and uses_blockwise_head(model)
+    logits, states = packed_forward(model, rows, logits=not head)
+    if head:
+        weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
+        flat = linear_entropy_stats(
+            states, weight, rows.targets, bias=bias, temperature=temperature, policy_average=policy_average
+        )
+    else:
+        flat = entropy_stats(
+            logits, rows.targets, temperature=temperature, chunk_size=chunk_size, policy_average=policy_average
+        )
+    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
+    return ResponseForward(stats=stats, hidden=unpack_rows(states, mask) if hidden else None)
+
+
 def blockwise_response_loss(
-    model: nn.Module, rollout: RolloutBatch, loss_of: Callable[[EntropyStats], Tensor], *, temperature: float
+    model: nn.Module,
+    rollout: RolloutBatch,
+    loss_of: Callable[[EntropyStats], Tensor],
+    *,
+    temperature: float,
+    packed: bool = False,
 ) -> tuple[Tensor, ResponseForward]:
     """``loss_of(stats)`` of the sampled response tokens, its gradient formed inside the vocabulary pass.
 
@@ -132,22 +170,28 @@ def blockwise_response_loss(
             scalar that is a sum of per-token terms (every loss of :func:`~lit_entropy.step.update_loss` is); it is
             called once per row chunk of the pass.
         temperature: the sampling temperature.
+        packed: run the model on the rows packed into one (:mod:`lit_entropy.step.packing`).
 
     Returns:
         ``(loss, forward)``: the loss (differentiable w.r.t. the model) and the forward with detached statistics and
         the hidden states ``[n, T, H]`` (with graph, for a value head).
     """
     responses, mask = rollout.responses, rollout.response_mask
-    states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
+    if packed:
+        check_packing_attention(model)
+        rows = pack_rows(rollout)
+        flat_states, targets = packed_forward(model, rows)[1], rows.targets
+        states = unpack_rows(flat_states, mask)
+    else:
+        states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
+        flat_states, targets = states[mask], responses[mask]
     weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
 
     def token_loss(logprobs: Tensor, entropy: Tensor) -> Tensor:
         return loss_of(EntropyStats(_unpack(logprobs, mask), _unpack(entropy, mask), None, None))
 
-    loss, packed = linear_entropy_loss(
-        states[mask], weight, responses[mask], token_loss, bias=bias, temperature=temperature
-    )
-    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in packed))
+    loss, flat = linear_entropy_loss(flat_states, weight, targets, token_loss, bias=bias, temperature=temperature)
+    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
     return loss, ResponseForward(stats=stats, hidden=states)
 
 
@@ -157,12 +201,21 @@ def _unpack(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def value_estimates(
-    value_head: nn.Module, rollout: RolloutBatch, policy_hidden: Tensor | None, critic: nn.Module | None = None
+    value_head: nn.Module,
+    rollout: RolloutBatch,
+    policy_hidden: Tensor | None,
+    critic: nn.Module | None = None,
+    *,
+    packed: bool = False,
 ) -> Tensor:
     """Values ``[n, T]`` (float32) of the states before each response token: ``value_head`` on the policy's
-    hidden states, or on a separate ``critic``'s (then ``policy_hidden`` is ignored)."""
+    hidden states, or on a separate ``critic``'s (then ``policy_hidden`` is ignored; ``packed``: the critic runs
+    on the rows packed into one)."""
     hidden = policy_hidden
-    if critic is not None:
+    if critic is not None and packed:
+        check_packing_attention(critic)
+        hidden = unpack_rows(packed_forward(critic, pack_rows(rollout))[1], rollout.response_mask)
+    elif critic is not None:
         length = rollout.response_mask.shape[1]
         hidden = response_logits(critic, rollout.sequences, rollout.attention_mask, length, hidden=True)[1]
     return value_head(hidden).squeeze(-1).float()

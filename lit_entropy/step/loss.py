@@ -168,6 +168,7 @@ def rows_update_loss(
             rows.rollout,
             lambda stats: update_loss(ResponseForward(stats), rows, settings, normalizer=normalizer).loss,
             temperature=options["temperature"],
+            packed=options["packed"],
         )
         values = None if values_of is None else values_of(rows.rollout, forward.hidden)
         out = update_loss(forward, rows, settings, normalizer=normalizer, values=values)

@@ -137,7 +137,8 @@ def micro_batches(rollout: RolloutBatch, update: UpdateConfig, index: Tensor | N
         slices = list(row_slices(rows, update.micro_batch_size))
         return slices if index is None else [index[s] for s in slices]
     index = torch.arange(rows, device=rollout.response_mask.device) if index is None else index
-    return micro_batch_plan(rollout, index, update.max_tokens_per_micro_batch, max_rows=update.micro_batch_size)
+    budget, rows_limit = update.max_tokens_per_micro_batch, update.micro_batch_size
+    return micro_batch_plan(rollout, index, budget, max_rows=rows_limit, packed=update.pack_sequences)
 
 
 def forward_rows(part: Tensor | slice) -> Tensor | slice:

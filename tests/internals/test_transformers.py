@@ -39,3 +39,21 @@ def test_tied_weights_map_export_drops(model) -> None:
     assert model.all_tied_weights_keys == {"lm_head.weight": "model.embed_tokens.weight"}, (
         f"PreTrainedModel.all_tied_weights_keys (read by models.export) {UPGRADE}"
     )
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_without_a_mask_attend_within_their_row(attention) -> None:
+    """``step.packing`` relies on transformers building the block-diagonal mask from restarting position ids."""
+    import torch
+
+    from lit_entropy.internals.transformers import attention_implementation
+
+    torch.manual_seed(0)
+    model = build_qwen2(build_char_tokenizer(), num_layers=2).double()
+    model.set_attn_implementation(attention)
+    assert attention_implementation(model) == attention, f"config._attn_implementation {UPGRADE}"
+    rows = [torch.randint(3, model.config.vocab_size, (n,)) for n in (5, 9, 3)]
+    separate = torch.cat([model(input_ids=r[None], use_cache=False).logits[0] for r in rows])
+    positions = torch.cat([torch.arange(len(r)) for r in rows])[None]
+    packed = model(input_ids=torch.cat(rows)[None], position_ids=positions, attention_mask=None, use_cache=False)
+    torch.testing.assert_close(packed.logits[0], separate, rtol=1e-6, atol=1e-6, msg=f"packed sequences {UPGRADE}")

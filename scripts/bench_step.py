@@ -610,7 +610,7 @@ def build_realistic_model(
 
     if hidden_size % 64 or hidden_size < 64:
         raise ValueError(f"--hidden-size must be a positive multiple of 64 (head_dim 64), got {hidden_size}")
-    tokenizer = build_char_tokenizer(model_max_length=512, vocab_size=vocab_size)
+    tokenizer = build_char_tokenizer(model_max_length=1024, vocab_size=vocab_size)
     heads = hidden_size // 64
     config = Qwen2Config(
         vocab_size=vocab_size,
@@ -620,7 +620,7 @@ def build_realistic_model(
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
         head_dim=64,
-        max_position_embeddings=512,
+        max_position_embeddings=1024,  # room for prompts + 512 new tokens
         tie_word_embeddings=True,
         pad_token_id=0,
         eos_token_id=1,

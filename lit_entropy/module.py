@@ -334,7 +334,7 @@ class RFTModule(LightningModule):
         update = self.settings.update
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         rows = experience.loss_mask.shape[0]
-        reused, budget = experience.update_forward, update.max_tokens_per_micro_batch
+        reused, trim = experience.update_forward, update.max_tokens_per_micro_batch is not None
         count, norms, sums = 0, [], {}  # sums: loss term -> float
         for _ in range(update.epochs):
             # A reused statistics forward covers the rows in their original order.
@@ -343,13 +343,12 @@ class RFTModule(LightningModule):
                 index = order[mini]
                 normalizer = self.loss_normalizer(experience.loss_mask[index])
                 finite = True
-                for micro in [index] if reused else micro_batches(experience.rollout, update, index):
-                    rows_of = experience.micro_batch(micro, trim=budget is not None and not reused)
-                    out = self.minibatch_loss(rows_of, normalizer, reused)
+                for mb in [index] if reused else micro_batches(experience.rollout, update, index):
+                    out = self.minibatch_loss(experience.micro_batch(mb, trim=trim and not reused), normalizer, reused)
                     finite &= bool(torch.isfinite(out.loss.detach()))
                     # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
                     self.manual_backward(out.loss)
-                    if micro.numel():
+                    if mb.numel():
                         for key, value in out.terms.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
                         count += 1

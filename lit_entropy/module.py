@@ -21,7 +21,7 @@ from lit_entropy import protocol
 from lit_entropy.assets import default_model_path
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
-from lit_entropy.metrics import ClipRatio
+from lit_entropy.metrics import LossClipFractions
 from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TagPlan, TrainDashboard, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.rewards import compute_rewards, resolve_reward_fn
@@ -123,10 +123,11 @@ class RFTModule(LightningModule):
         # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
         self.policy = self.ref_model = self.critic = self.value_head = None
         self.tokenizer: Any = None
-        loss, update, evaluation = self.settings.loss, self.settings.update, self.settings.evaluation
+        update, evaluation = self.settings.update, self.settings.evaluation
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
-        self.clip_fractions = ClipRatio(loss.clip_ratio_low, loss.clip_ratio_high)  # of one step's updates
+        # the policy loss's own clip fractions over one step's updates (each loss has its own clip rule)
+        self.clip_fractions = LossClipFractions()
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
         self.dynamic_sampling = DynamicSampling(self.settings, rank_zero_warn)  # model.sampling.filter_groups
@@ -369,8 +370,8 @@ class RFTModule(LightningModule):
         return out
 
     def update_clip(self, out: UpdateLoss, rows: Experience) -> None:
-        """Count one micro-batch's clipped PPO ratios into this step's clip fractions (``train/clip/*``)."""
-        self.clip_fractions.update(out.ratio, rows.advantages, rows.loss_mask)
+        """Count one micro-batch's clip fractions, by its policy loss's own rule, into this step's ``train/clip/*``."""
+        self.clip_fractions.update(out.policy_stats, out.loss_tokens)
 
     def loss_normalizer(self, mask: Tensor) -> float:
         """The global denominator share of one optimizer step on rows with loss mask ``mask`` (all ranks call it)."""

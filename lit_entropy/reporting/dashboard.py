@@ -139,8 +139,8 @@ class StepReport:
         prompts: prompts in this rank's batch.
         lr: the learning rate after the step.
         skipped_updates: updates skipped so far in the run (cumulative).
-        clip: the step's PPO clip fractions (``ClipRatio.compute()``: ``low``, ``high``, ``total``), or None when
-            the plan logs none.
+        clip: the step's clip fractions as the policy loss counts them (``LossClipFractions.compute()``: ``low``,
+            ``high``, ``total``, ``dual``), or None when the plan logs none.
         fill: the dynamic-sampling :class:`~lit_entropy.step.group_fill.FillStep` that finished this update's
             fill, or None without filtering (``train/filter/*``, :func:`fill_scalars`).
     """

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from lit_entropy.distributed.collectives import all_reduce_sum, world_size
 from lit_entropy.functional.kl import kl_penalty
 from lit_entropy.functional.policy_loss import (
-    LOG_RATIO_CLAMP,
+    PolicyLossStats,
     aggregate_loss,
     loss_normalizer_count,
     value_loss,
@@ -46,12 +45,15 @@ class UpdateLoss:
         loss: the scalar to back-propagate.
         terms: detached scalar terms for logging (``pg_loss``, ``approx_kl``, ``kl``, ``entropy_bonus``,
             ``token_penalty``, ``value_loss``, ``value_clip_frac``: only those that are on).
-        ratio: detached importance ratio ``pi / pi_old`` per token ``[n, T]`` (clip-ratio metrics).
+        policy_stats: the policy loss's own detached diagnostics (clip fractions by *its* clip rule, over the
+            loss tokens), for ``train/clip/*``.
+        loss_tokens: the number of loss tokens of these rows (the weight of ``policy_stats``' fractions).
     """
 
     loss: Tensor
     terms: dict[str, Tensor]
-    ratio: Tensor
+    policy_stats: PolicyLossStats
+    loss_tokens: Tensor
 
 
 def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:
@@ -132,8 +134,7 @@ def update_loss(
         loss = loss + ppo.value_coef * v_loss
         terms["value_loss"] = v_loss.detach()
         terms["value_clip_frac"] = v_clip
-    log_ratio = (stats.logprobs.detach() - rows.old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return UpdateLoss(loss=loss, terms=terms, ratio=torch.exp(log_ratio))
+    return UpdateLoss(loss=loss, terms=terms, policy_stats=pg, loss_tokens=mask.sum())
 
 
 def rows_update_loss(

@@ -199,6 +199,8 @@ def test_blockwise_loss_path_matches_the_full_logits_update_loss(tiny_model_dir,
     assert blockwise_out.terms.keys() == full_out.terms.keys() >= {"pg_loss", "kl", "entropy_bonus", "token_penalty"}
     for key, value in blockwise_out.terms.items():
         torch.testing.assert_close(value, full_out.terms[key], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(blockwise_out.ratio[keep], full_out.ratio[keep], rtol=1e-5, atol=1e-6)
+    for got, want in zip(blockwise_out.policy_stats, full_out.policy_stats, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert int(blockwise_out.loss_tokens) == int(full_out.loss_tokens) == int(keep.sum())
     for got, want in zip(blockwise_grads, full_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -27,6 +27,7 @@ from lit_entropy.functional.registry import (
     check_group_size,
     estimator_needs_values,
     policy_loss_takes_token_weights,
+    policy_loss_attribute,
 )
 from lit_entropy.rollout.base import SamplingConfig
 from lit_entropy.rollout.correction import RolloutCorrectionConfig
@@ -476,6 +477,14 @@ class RFTSettings:
                 f"model.algorithm='ppo' trains a critic on the estimator's returns, but "
                 f"model.advantages.estimator={name!r} uses no critic: pick one that does, one of {fitting}, "
                 "or set model.algorithm: grpo"
+            )
+        loss = self.loss.policy_loss
+        if needs_values and policy_loss_attribute(loss, "sequence_advantages"):
+            per_token = tuple(n for n in POLICY_LOSSES.names() if not policy_loss_attribute(n, "sequence_advantages"))
+            raise ValueError(
+                f"model.loss.policy_loss={loss!r} reads one advantage per sequence (the mean over its tokens), but "
+                f"model.advantages.estimator={name!r} gives per-token advantages from a critic: pick a per-token loss, "
+                f"one of {per_token}, or model.algorithm: grpo"
             )
 
 

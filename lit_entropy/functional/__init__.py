@@ -61,6 +61,7 @@ from lit_entropy.functional.policy_losses_sequence import (
     gmpo_policy_loss,
     gspo_policy_loss,
     gspo_token_policy_loss,
+    masked_sequence_log_ratio,
     sequence_log_ratio,
 )
 from lit_entropy.functional.registry import (
@@ -72,6 +73,7 @@ from lit_entropy.functional.registry import (
     estimator_min_group_size,
     estimator_needs_values,
     outcome_token_rewards,
+    policy_loss_attribute,
     register_advantage_estimator,
     register_policy_loss,
 )
@@ -144,6 +146,7 @@ __all__ = [
     "masked_sum",
     "moment_stats",
     "outcome_token_rewards",
+    "policy_loss_attribute",
     "overlong_penalty",
     "pass_at_k",
     "pass_at_k_per_prompt",
@@ -156,6 +159,7 @@ __all__ = [
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "sample_categorical",
+    "masked_sequence_log_ratio",
     "sequence_log_ratio",
     "tie_counts",
     "truncated_rows",

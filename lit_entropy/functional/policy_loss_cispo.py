@@ -17,7 +17,7 @@ from lit_entropy.functional.registry import register_policy_loss
 __all__ = ["cispo_policy_loss"]
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", first_order_entropy=True)
 def cispo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -3,18 +3,32 @@
 Registered in :data:`~lit_entropy.functional.registry.POLICY_LOSSES` with the common signature and
 returning :class:`~lit_entropy.functional.policy_loss.PolicyLossStats`.
 
-Which tokens do what (``N`` sequences, ``T`` tokens):
+Which tokens do what (``N`` sequences, ``T`` tokens; ``response_mask`` are the valid response tokens, the
+registry's extra, ``mask`` when absent; ``mask`` is the loss mask, the response narrowed by callbacks):
 
-- a sequence's ratio is taken over its *valid response tokens*, ``response_mask`` (the registry's extra;
-  ``mask`` when absent, and every token of ``mask`` counts as valid too);
-- the loss is taken over ``mask`` (the loss mask, possibly narrowed by callbacks): under ``gspo`` and
-  ``gmpo`` each token of ``mask`` carries its sequence's loss, under ``gspo_token`` its own token loss.
-  So a token a callback masks still shapes its sequence's ratio (and under ``gspo``/``gmpo`` receives
-  gradient through it); ``gspo_token`` is the variant whose masked tokens get no gradient.
-- ``loss_agg_mode`` then aggregates those per-token values: ``seq-mean-token-mean`` is the papers'
-  sequence mean (every sequence counts once); ``token-mean`` weights each sequence by its number of
-  loss tokens, ``token-sum`` / ``seq-mean-token-sum`` by that number without dividing by it,
-  ``seq-mean-token-sum-norm`` by that number over the constant.
+- a sequence's ratio *value* ``s_i = exp(mean_t log r_it)`` is taken over every valid response token: it is
+  the importance weight of the sequence the old policy sampled, and the clip decides on it;
+- a token a callback masks (Clip_B, Clip_V, Clip-Cov, 80/20, random masking) leaves the *gradient* and the
+  loss: its log-ratio enters ``s_i`` detached, the gradient of ``log s_i`` is the mean of ``grad log pi``
+  over the sequence's *loss* tokens, and the sequence's loss sits on its loss tokens only (the
+  denominators count loss tokens, as under ``ppo``);
+- without masks nothing changes (loss tokens = valid tokens); with them, ``gspo`` equals ``gspo_token``
+  (per-sequence advantages) in loss and gradient under every ``loss_agg_mode``.
+
+Why this choice (and not "a masked token leaves the ratio too"): a keep mask says *which tokens learn*;
+it is not a statement about how far the sampled sequence is from the current policy. Taking the value over
+the kept tokens only would make the trust region (the clip) of a sequence depend on which tokens a
+callback kept, on a fifth of them under 80/20, on a random subset under random masking. Keeping masked
+tokens in the gradient (the state before) would make the mask a no-op for these losses: the masked token
+would still be pushed, through ``s_i``, by its sequence's advantage. With this choice, at the first
+on-policy update (``s_i = 1``, no clip) every loss token gets ``A_i grad log pi_it`` times the same
+aggregation weight as under ``ppo``, which is what the entropy dynamics (THEORY §2, the dynamics monitor)
+assume for the tokens that stay in the loss.
+
+``loss_agg_mode`` then aggregates the per-token values: ``seq-mean-token-mean`` is the papers' sequence
+mean (every sequence counts once); ``token-mean`` weights each sequence by its number of loss tokens,
+``token-sum`` / ``seq-mean-token-sum`` by that number without dividing by it, ``seq-mean-token-sum-norm``
+by that number over the constant.
 
 The dual clip (``clip_ratio_c``) is not part of these papers and is not applied (``dual_clip_frac`` is 0).
 """
@@ -37,7 +51,13 @@ from lit_entropy.functional.policy_loss import (
 )
 from lit_entropy.functional.registry import register_policy_loss
 
-__all__ = ["gmpo_policy_loss", "gspo_policy_loss", "gspo_token_policy_loss", "sequence_log_ratio"]
+__all__ = [
+    "gmpo_policy_loss",
+    "gspo_policy_loss",
+    "gspo_token_policy_loss",
+    "masked_sequence_log_ratio",
+    "sequence_log_ratio",
+]
 
 
 def sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor) -> Tensor:
@@ -51,6 +71,27 @@ def sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor) -> Tensor:
         ``[N]``, clamped to ``[-20, 20]`` (0 for a row without valid tokens).
     """
     return masked_mean(log_ratio, as_bool_mask(response_mask), dim=-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def masked_sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor, mask: Tensor) -> Tensor:
+    """``log s_i``: the value of :func:`sequence_log_ratio` over the valid tokens, the gradient of the loss tokens only.
+
+    Value ``mean_{t valid} log r_it`` (clamped to ``[-20, 20]``); gradient ``mean_{t in mask} grad log r_it``
+    (none once the clamp binds, none for a row without loss tokens). See the module docstring for why.
+
+    Args:
+        log_ratio: ``[N, T]`` token log-ratios (differentiable), 0 outside ``response_mask``.
+        response_mask: ``[N, T]`` bool, the sequence's valid tokens.
+        mask: ``[N, T]`` bool, the loss tokens (a subset of ``response_mask``).
+
+    Returns:
+        ``[N]``.
+    """
+    raw = masked_mean(log_ratio.detach(), as_bool_mask(response_mask), dim=-1)
+    value = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    kept = masked_mean(log_ratio, as_bool_mask(mask), dim=-1)
+    inside = raw.abs() < LOG_RATIO_CLAMP
+    return value + torch.where(inside, kept - kept.detach(), torch.zeros_like(kept))
 
 
 def _prepare(
@@ -107,7 +148,7 @@ def _check(clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str, lo
     )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", first_order_entropy=True, sequence_advantages=True)
 def gspo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -129,7 +170,8 @@ def gspo_policy_loss(
     Per sequence ``l_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))`` with ``A_i`` the mean
     advantage over the valid tokens (the sequence's advantage for outcome estimators); ``l_i`` sits on
     each token of ``mask`` and is aggregated by ``loss_agg_mode`` (see the module docstring).
-    ``s_i`` is differentiable: its gradient is ``s_i mean_t grad log pi_it``.
+    ``s_i``'s value is over the valid tokens, its gradient ``s_i mean_{t in mask} grad log pi_it`` over the
+    loss tokens (:func:`masked_sequence_log_ratio`): a masked token gets no gradient.
 
     The ranges are the ones passed in; the paper (and verl's recipe) uses ``eps_low = 3e-4``,
     ``eps_high = 4e-4``: a sequence ratio moves far less than a token ratio, PPO's 0.2 never binds.
@@ -150,7 +192,7 @@ def gspo_policy_loss(
     _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
     mask, response, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
     seq_adv = masked_mean(adv, response, dim=-1)
-    seq_ratio = torch.exp(sequence_log_ratio(log_ratio, response))
+    seq_ratio = torch.exp(masked_sequence_log_ratio(log_ratio, response, mask))
     clipped = seq_ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_seq = torch.maximum(-seq_adv * seq_ratio, -seq_adv * clipped)
     per_token = per_seq.unsqueeze(-1).expand(mask.shape)
@@ -162,7 +204,7 @@ def gspo_policy_loss(
     return loss, _stats(*broadcast, seq_ratio.unsqueeze(-1), log_ratio, mask)
 
 
-@register_policy_loss("gspo_token")
+@register_policy_loss("gspo_token", first_order_entropy=True)
 def gspo_token_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -199,7 +241,7 @@ def gspo_token_policy_loss(
     return loss, _stats(low, high, ratio, log_ratio, mask)
 
 
-@register_policy_loss("gmpo")
+@register_policy_loss("gmpo", first_order_entropy=True, sequence_advantages=True)
 def gmpo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -222,7 +264,8 @@ def gmpo_policy_loss(
     pessimistic side, as PPO's min, in log space); per sequence ``l_i = -A_i exp(mean_t m_it)`` over the
     valid tokens, i.e. ``-sgn(A_i) prod_t |min(r_it A_i, clip(r_it, e^-eps_low, e^eps_high) A_i)|^(1/|o_i|)``.
     ``sgn(A)`` is the token's advantage sign and ``A_i`` the mean advantage over the valid tokens (as
-    verl). ``l_i`` sits on each token of ``mask``, aggregated by ``loss_agg_mode``.
+    verl). ``l_i`` sits on each token of ``mask``, aggregated by ``loss_agg_mode``. As under :func:`gspo_policy_loss`
+    the mean's value is over the valid tokens and its gradient over the loss tokens: a masked token gets none.
 
     Here ``clip_ratio_low`` / ``clip_ratio_high`` are *log-space* bounds: the ratio range is
     ``[e^-eps_low, e^eps_high]`` (the paper uses 0.4 for both). Other arguments as :func:`gspo_policy_loss`.
@@ -237,7 +280,7 @@ def gmpo_policy_loss(
     sign = torch.sign(adv)
     clamped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    geo_ratio = torch.exp(sequence_log_ratio(pessimistic, response))
+    geo_ratio = torch.exp(masked_sequence_log_ratio(pessimistic, response, mask))
     seq_adv = masked_mean(adv, response, dim=-1)
     per_token = (-seq_adv * geo_ratio).unsqueeze(-1).expand(mask.shape)
     loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))

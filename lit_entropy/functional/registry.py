@@ -40,6 +40,7 @@ __all__ = [
     "estimator_needs_values",
     "policy_loss_takes_token_weights",
     "outcome_token_rewards",
+    "policy_loss_attribute",
     "check_group_size",
     "estimator_min_group_size",
     "register_advantage_estimator",
@@ -151,9 +152,31 @@ ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Re
 """Advantage estimators by name (``model.advantages.estimator``); see the module docstring for the signature."""
 
 
-def register_policy_loss(name: str) -> Callable[[F], F]:
-    """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`."""
-    return POLICY_LOSSES.register(name)
+def register_policy_loss(
+    name: str, *, first_order_entropy: bool = False, sequence_advantages: bool = False
+) -> Callable[[F], F]:
+    """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`.
+
+    Args:
+        name: the name ``model.loss.policy_loss`` takes.
+        first_order_entropy: at an on-policy update (every ratio 1, no clip binding) the loss gives each
+            loss token the gradient ``A_t grad log pi_t`` times its aggregation weight, as the PPO surrogate
+            does; then the entropy dynamics monitor's first-order prediction (THEORY §2) holds for it. A loss
+            registered without it gets a warning from the monitor.
+        sequence_advantages: the loss reads one advantage per sequence (the mean over its tokens); the
+            settings refuse it with an estimator that gives per-token advantages from a critic (``gae``).
+    """
+    for key, value in (("first_order_entropy", first_order_entropy), ("sequence_advantages", sequence_advantages)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{key} must be a bool, got {value!r}")
+    return POLICY_LOSSES.register(
+        name, first_order_entropy=first_order_entropy, sequence_advantages=sequence_advantages
+    )
+
+
+def policy_loss_attribute(name: str, attribute: str) -> bool:
+    """A boolean attribute (``first_order_entropy``, ``sequence_advantages``) ``name`` was registered with."""
+    return bool(POLICY_LOSSES.attributes(name).get(attribute, False))
 
 
 def policy_loss_takes_token_weights(name: str) -> bool:

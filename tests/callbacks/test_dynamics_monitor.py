@@ -166,3 +166,33 @@ def test_prediction_sums_only_over_the_tokens_that_stay_in_the_loss():
         assert with_keep[key] == pytest.approx(as_mask[key])
     assert with_keep["train/dynamics/entropy"] == pytest.approx(full["train/dynamics/entropy"])
     assert with_keep["train/dynamics/predicted"] != pytest.approx(full["train/dynamics/predicted"])
+
+
+class _WithLoss(LightningModule):
+    def __init__(self, policy_loss: str) -> None:
+        super().__init__()
+        self.settings = type("S", (), {"loss": type("L", (), {"policy_loss": policy_loss})()})()
+
+    def token_mask_fields(self):
+        return EntropyDynamicsMonitor.required_fields
+
+
+@pytest.mark.parametrize("name", ["ppo", "gspo", "gspo_token", "gmpo", "cispo"])
+def test_setup_covers_the_registered_first_order_losses_silently(name, recwarn):
+    monitor = EntropyDynamicsMonitor()
+    monitor.setup(None, _WithLoss(name), "fit")
+    assert monitor.covers_loss is True
+    assert not [w for w in recwarn if "EntropyDynamicsMonitor" in str(w.message)]
+
+
+def test_setup_flags_a_loss_registered_without_first_order_entropy():
+    from lit_entropy.functional.registry import POLICY_LOSSES, register_policy_loss
+
+    register_policy_loss("test_monitor_unknown_loss")(lambda *a, **k: None)
+    try:
+        monitor = EntropyDynamicsMonitor()
+        with pytest.warns(UserWarning, match="policy_loss='test_monitor_unknown_loss' was not registered with first"):
+            monitor.setup(None, _WithLoss("test_monitor_unknown_loss"), "fit")
+        assert monitor.covers_loss is False
+    finally:
+        POLICY_LOSSES.unregister("test_monitor_unknown_loss")

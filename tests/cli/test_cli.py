@@ -26,6 +26,8 @@ def test_configs_exist():
         "clip_b_tiny.yaml",
         "clip_v_tiny.yaml",
         "ppo_tiny.yaml",
+        "gspo_tiny.yaml",
+        "cispo_tiny.yaml",
         "qwen2.5-7b_grpo.yaml",
         "qwen2.5-7b_clip_b.yaml",
         "qwen2.5-7b_clip_v.yaml",
@@ -48,6 +50,28 @@ def test_config_parses_and_instantiates(config, tmp_path, monkeypatch):
         assert [cb.method for cb in clip] == ["clip_v"]
     else:
         assert not clip
+
+
+@pytest.mark.parametrize(
+    ("name", "loss"),
+    [
+        ("gspo_tiny.yaml", {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
+                            "clip_ratio_c": None, "loss_agg_mode": "seq-mean-token-mean"}),
+        ("cispo_tiny.yaml", {"policy_loss": "cispo", "clip_ratio_low": 0.99, "clip_ratio_high": 0.28,
+                             "clip_ratio_c": None, "loss_agg_mode": "token-mean"}),
+    ],
+)  # fmt: skip
+def test_peer_loss_configs_are_the_embedded_default_with_the_papers_loss(name, loss):
+    """gspo_tiny / cispo_tiny change only ``model.loss`` (the paper's ranges and aggregation) and the run's name."""
+    import yaml
+
+    base = yaml.safe_load(GRPO_TINY.read_text())
+    config = yaml.safe_load(next(p for p in CONFIGS if p.name == name).read_text())
+    assert config["trainer"]["logger"]["init_args"].pop("name") == name.removesuffix(".yaml")
+    base["trainer"]["logger"]["init_args"].pop("name")
+    got_loss, base_loss = config["model"].pop("loss"), base["model"].pop("loss")
+    assert config == base
+    assert got_loss == {**base_loss, **loss}
 
 
 def test_recipes_follow_the_paper():

@@ -2,7 +2,9 @@
 
 Each reference is built per sequence and per token with Python loops (the loss as a torch scalar, so
 autograd gives the reference gradient, or the gradient written out by hand); the cases have masks,
-all-masked rows, rows a callback masked entirely, ratios exactly 1 and tied advantages.
+all-masked rows, rows a callback masked entirely, ratios exactly 1 and tied advantages. Under the
+sequence-level losses a token the loss mask drops stays in its sequence's ratio *value* and gets no
+gradient (``policy_losses_sequence``'s docstring says why); their gradients are written out by hand.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lit_entropy.functional import (
 )
 
 MODES = ("seq-mean-token-mean", "token-mean")
+ALL_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def make_case(seed: int, n: int = 6, t: int = 7, spread: float = 0.3):
@@ -76,6 +79,16 @@ def seq_ratio_ref(logprobs, old, response, i):
     return torch.exp(sum(logprobs[i, t] - old[i, t] for t in idx) / len(idx))
 
 
+def sequence_weights_ref(mask, mode: str) -> list[float]:
+    """``W_i``: the summed aggregation weights of row ``i``'s loss tokens (``seq-mean-token-mean``, ``token-mean``)."""
+    rows = [i for i in range(mask.shape[0]) if mask[i].any()]
+    total = mask.sum().item()
+    return [
+        (mask[i].sum().item() / total if mode == "token-mean" else 1 / len(rows)) if i in rows else 0.0
+        for i in range(mask.shape[0])
+    ]
+
+
 def token_frac_ref(flags: list[list[bool]], mask) -> float:
     picked = [flags[i][t] for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t]]
     return sum(picked) / len(picked)
@@ -93,37 +106,56 @@ def test_gspo_matches_the_sequence_ratio_formula(seed, mode):
 
     n, t = mask.shape
     per_token, clip_low, clip_high = [], [], []
+    weights, expected = sequence_weights_ref(mask, mode), torch.zeros(n, t, dtype=torch.float64)
     for i in range(n):
         if response[i].any():
-            s = seq_ratio_ref(logprobs, old, response, i)
-            a = adv[i]
-            li = torch.maximum(-a * s, -a * torch.clamp(s, 1 - low, 1 + high))
-            sv = s.item()
-            lo_i, hi_i = bool(sv < 1 - low and a < 0), bool(sv > 1 + high and a > 0)
+            s = seq_ratio_ref(logprobs, old, response, i).item()  # over every valid token, masked ones too
+            a = adv[i].item()
+            li = max(-a * s, -a * min(max(s, 1 - low), 1 + high))
+            lo_i, hi_i = s < 1 - low and a < 0, s > 1 + high and a > 0
+            kept = mask[i].sum().item()
+            for k in range(t):  # d l_i / d log pi_ik = -A s / |loss tokens| on loss tokens, 0 once clipped
+                if mask[i, k] and not (lo_i or hi_i):
+                    expected[i, k] = weights[i] * (-a * s / kept)
         else:
-            li, lo_i, hi_i = torch.zeros((), dtype=torch.float64), False, False
-        per_token.append([li] * t)
+            li, lo_i, hi_i = 0.0, False, False
+        per_token.append([torch.tensor(li, dtype=torch.float64)] * t)
         clip_low.append([lo_i] * t)
         clip_high.append([hi_i] * t)
     ref = aggregate_ref(per_token, mask, mode)
-    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(grad_of(loss, logprobs), grad_of(ref, logprobs), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(loss.detach(), ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad_of(loss, logprobs), expected, rtol=1e-10, atol=1e-14)
     assert stats.clip_frac_low.item() == pytest.approx(token_frac_ref(clip_low, mask))
     assert stats.clip_frac_high.item() == pytest.approx(token_frac_ref(clip_high, mask))
     assert stats.dual_clip_frac.item() == 0.0
 
 
-def test_gspo_gradient_reaches_masked_valid_tokens_and_not_padding():
+def test_sequence_losses_masked_tokens_keep_the_ratio_value_and_get_no_gradient():
     logprobs, old, adv, mask, response = make_case(3)
-    loss, _ = call(gspo_policy_loss, logprobs, old, adv, mask, response, "seq-mean-token-mean", 0.99, 100.0)
-    grad = grad_of(loss, logprobs)
-    assert torch.all(grad[~response] == 0)
-    # A row's ratio is its mean log-ratio over every valid token, the ones the loss mask drops included.
     rows = [i for i in range(mask.shape[0]) if mask[i].any() and (response[i] & ~mask[i]).any() and adv[i] != 0]
     assert rows
-    for row in rows:
-        assert torch.all(grad[row][response[row]] != 0)
-    assert torch.all(grad[1] == 0)  # a row without loss tokens leaves the loss
+    for fn in (gspo_policy_loss, gmpo_policy_loss):
+        loss, _ = call(fn, logprobs, old, adv, mask, response, "seq-mean-token-mean", 0.99, 100.0)
+        grad = grad_of(loss, logprobs)
+        assert torch.all(grad[~mask] == 0)  # padding and masked valid tokens alike
+        for row in rows:
+            assert torch.all(grad[row][mask[row]] != 0)
+        # moving a masked valid token's log-prob moves the loss (it is in the ratio's value)
+        moved = logprobs.detach().clone()
+        masked_valid = response & ~mask
+        moved[masked_valid] += 0.1
+        shifted, _ = call(fn, moved, old, adv, mask, response, "seq-mean-token-mean", 0.99, 100.0)
+        assert abs(shifted.item() - loss.item()) > 1e-6
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_gspo_equals_gspo_token_under_callback_masks_for_sequence_advantages(mode):
+    logprobs, old, adv, mask, response = make_case(11, spread=0.05)
+    assert (response & ~mask).any()
+    seq, _ = call(gspo_policy_loss, logprobs, old, adv, mask, response, mode, 0.02, 0.03)
+    tok, _ = call(gspo_token_policy_loss, logprobs, old, adv, mask, response, mode, 0.02, 0.03)
+    torch.testing.assert_close(tok, seq, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad_of(tok, logprobs), grad_of(seq, logprobs), rtol=1e-10, atol=1e-14)
 
 
 def test_gspo_clip_removes_the_gradient_of_clipped_sequences():
@@ -257,17 +289,22 @@ def test_gmpo_matches_the_geometric_mean_formula(seed, mode):
 
     n, t = mask.shape
     per_token, clip_low, clip_high = [], [], []
+    weights, expected = sequence_weights_ref(mask, mode), torch.zeros(n, t, dtype=torch.float64)
     for i in range(n):
         a = adv[i].item()
-        value = -gmpo_sequence_ref(logprobs, old, a, response, i, low, high) if response[i].any() else 0.0
-        per_token.append([value] * t)
+        value = gmpo_sequence_ref(logprobs, old, a, response, i, low, high).item() if response[i].any() else 0.0
+        per_token.append([torch.tensor(-value, dtype=torch.float64)] * t)
         log_r = [(logprobs[i, k] - old[i, k]).item() for k in range(t)]
         clip_low.append([a < 0 and lr < -low for lr in log_r])
         clip_high.append([a > 0 and lr > high for lr in log_r])
-    per_token = [[torch.as_tensor(v, dtype=torch.float64) for v in row] for row in per_token]
+        # l_i = -A exp(G_i) = -value; d l_i / d log pi_ik = -value / |loss tokens| where the token's own
+        # log-ratio is the pessimistic side (not clipped), 0 elsewhere and off the loss mask
+        for k in range(t):
+            if mask[i, k] and not (clip_low[i][k] or clip_high[i][k]) and a != 0:
+                expected[i, k] = weights[i] * (-value / mask[i].sum().item())
     ref = aggregate_ref(per_token, mask, mode)
-    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(grad_of(loss, logprobs), grad_of(ref, logprobs), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(loss.detach(), ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad_of(loss, logprobs), expected, rtol=1e-10, atol=1e-14)
     assert stats.clip_frac_low.item() == pytest.approx(token_frac_ref(clip_low, mask))
     assert stats.clip_frac_high.item() == pytest.approx(token_frac_ref(clip_high, mask))
     assert stats.clip_frac.item() > 0  # the case does clip
@@ -326,3 +363,22 @@ def test_float32_inputs_give_float32_losses_close_to_float64():
         low, _ = call(POLICY_LOSSES[name], lp32, old32, adv32, mask, response, "token-mean", 0.2, 0.28)
         assert low.dtype == torch.float32
         assert low.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["ppo", "gspo", "gspo_token", "gmpo", "cispo"])
+def test_first_order_losses_give_each_loss_token_a_grad_log_pi_on_policy(name, mode):
+    """What ``first_order_entropy=True`` promises (the dynamics monitor's formula): at ratio 1 every loss token
+    gets ``-A_i`` times its aggregation weight, a masked token nothing."""
+    assert POLICY_LOSSES.attributes(name)["first_order_entropy"]
+    _, old, adv, mask, response = make_case(12)
+    logprobs = old.clone().requires_grad_(True)  # on-policy: every ratio is 1
+    loss, _ = call(POLICY_LOSSES[name], logprobs, old, adv, mask, response, mode, 0.2, 0.28)
+    rows = [i for i in range(mask.shape[0]) if mask[i].any()]
+    expected = torch.zeros(mask.shape, dtype=torch.float64)
+    for i in rows:
+        for k in range(mask.shape[1]):
+            if mask[i, k]:
+                count = mask.sum().item() if mode == "token-mean" else len(rows) * mask[i].sum().item()
+                expected[i, k] = -adv[i].item() / count
+    torch.testing.assert_close(grad_of(loss, logprobs), expected, rtol=1e-10, atol=1e-14)

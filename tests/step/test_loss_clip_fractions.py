@@ -32,7 +32,8 @@ def _rows_and_forward(log_ratios: list[list[float]]) -> tuple[Experience, Respon
         rollout=rollout, rewards=torch.zeros(n), advantages=advantages, old_logprobs=old, entropy=zeros,
         discriminator=zeros, loss_mask=mask.clone(),
     )  # fmt: skip
-    stats = EntropyStats(logprobs=(old + padded).requires_grad_(), entropy=zeros, discriminator=zeros, policy_average=None)
+    logprobs = (old + padded).requires_grad_()
+    stats = EntropyStats(logprobs=logprobs, entropy=zeros, discriminator=zeros, policy_average=None)
     return rows, ResponseForward(stats)
 
 

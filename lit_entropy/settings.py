@@ -25,6 +25,7 @@ from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
     check_group_size,
+    default_loss_agg_mode,
     estimator_needs_values,
     policy_loss_takes_token_weights,
     policy_loss_attribute,
@@ -235,9 +236,11 @@ class LossConfig:
     """PPO ratio clip above 1 (DAPO clip-higher: 0.28)."""
     clip_ratio_c: float | None = 3.0
     """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off."""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str | None = None
     """``token-mean`` (DAPO), ``token-sum``, ``seq-mean-token-mean`` (GRPO), ``seq-mean-token-sum``,
-    ``seq-mean-token-sum-norm`` (Dr.GRPO)."""
+    ``seq-mean-token-sum-norm`` (Dr.GRPO); null = the policy loss's paper: ``token-mean`` for ``ppo`` and ``cispo``,
+    ``seq-mean-token-mean`` for ``gspo``, ``gspo_token`` and ``gmpo`` (token-mean would weight their sequences by
+    length)."""
     loss_scale_factor: float | None = None
     """Constant divisor of ``seq-mean-token-sum-norm``; null = ``model.sampling.max_new_tokens`` (Dr.GRPO's
     generation budget), never the padded width of a batch."""
@@ -254,6 +257,8 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss)
+        if self.loss_agg_mode is None:  # frozen: the resolved mode is stored once, so HPARAMS show what ran
+            object.__setattr__(self, "loss_agg_mode", default_loss_agg_mode(self.policy_loss))
         check_policy_loss_args(
             clip_ratio_low=self.clip_ratio_low,
             clip_ratio_high=self.clip_ratio_high,

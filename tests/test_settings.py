@@ -277,3 +277,14 @@ def test_a_sequence_advantage_loss_is_refused_with_a_critic_naming_both_settings
     assert f"model.loss.policy_loss={loss!r}" in message and "model.advantages.estimator='gae'" in message
     for fine in ("ppo", "gspo_token", "cispo"):  # per-token losses take the critic's per-token advantages
         RFTSettings.build(algorithm="ppo", ppo=PPOConfig(), loss=LossConfig(policy_loss=fine))
+
+
+@pytest.mark.parametrize(
+    ("loss", "mode"),
+    [("ppo", "token-mean"), ("cispo", "token-mean"), ("gspo", "seq-mean-token-mean"),
+     ("gspo_token", "seq-mean-token-mean"), ("gmpo", "seq-mean-token-mean")],
+)  # fmt: skip
+def test_a_null_loss_agg_mode_is_the_policy_loss_papers_and_a_set_one_is_kept(loss, mode):
+    assert LossConfig(policy_loss=loss).loss_agg_mode == mode  # GSPO / GMPO: each sequence counts once
+    assert RFTSettings.build(loss=LossConfig(policy_loss=loss)).to_hparams()["loss"]["loss_agg_mode"] == mode
+    assert LossConfig(policy_loss=loss, loss_agg_mode="token-sum").loss_agg_mode == "token-sum"

@@ -24,6 +24,7 @@ from lit_entropy.cli.resume import (
     read_checkpoint_hparams,
     report_setting_changes,
     resolve_null_estimator,
+    resolve_null_loss_agg_mode,
 )
 from lit_entropy.cli.run_dir import place_logger
 from lit_entropy.data.datamodule import PromptDataModule
@@ -212,6 +213,7 @@ class RFTCLI(LightningCLI):
                 self.parser.exit_on_error = True
         saved_model = copy.deepcopy(dict(saved["model"]))
         resolve_null_estimator(saved_model, explicit["model"])
+        resolve_null_loss_agg_mode(saved_model, explicit["model"])
         changes = explicit_changes(saved_model, explicit["model"], "model")
         changes += explicit_changes(saved["data"], explicit["data"], "data")
         allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))

@@ -7,7 +7,14 @@ from typing import Any
 
 from lit_entropy.cli.errors import SettingsError
 
-__all__ = ["RESUME_SAFE_KEYS", "deep_merge", "explicit_changes", "read_checkpoint_hparams", "report_setting_changes"]
+__all__ = [
+    "RESUME_SAFE_KEYS",
+    "deep_merge",
+    "explicit_changes",
+    "read_checkpoint_hparams",
+    "report_setting_changes",
+    "resolve_null_loss_agg_mode",
+]
 
 
 #: Settings whose change on resume cannot alter the training trajectory (outputs and logging only).
@@ -72,6 +79,24 @@ def resolve_null_estimator(saved_model: dict[str, Any], explicit_model: dict[str
     if isinstance(given_adv, dict) and "estimator" in given_adv and given_adv["estimator"] is None:
         if new_algorithm in DEFAULT_ESTIMATORS:
             given_adv["estimator"] = DEFAULT_ESTIMATORS[new_algorithm]
+
+
+def resolve_null_loss_agg_mode(saved_model: dict[str, Any], explicit_model: dict[str, Any]) -> None:
+    """Write the policy loss's own aggregation where the settings given leave ``model.loss.loss_agg_mode`` null.
+
+    A null mode means the policy loss's paper's (``lit_entropy.functional.default_loss_agg_mode``) and checkpoints
+    store the resolved mode, while a run's ``config.yaml`` keeps the null: the same setting, no change on resume.
+    The loss is the one given, else the checkpoint's (``ppo`` when it records none). Edits ``explicit_model``.
+    """
+    from lit_entropy.functional.registry import POLICY_LOSSES, default_loss_agg_mode
+
+    given = explicit_model.get("loss")
+    if not (isinstance(given, dict) and "loss_agg_mode" in given and given["loss_agg_mode"] is None):
+        return
+    saved_loss = saved_model.get("loss") if isinstance(saved_model.get("loss"), dict) else {}
+    name = given.get("policy_loss") or saved_loss.get("policy_loss") or "ppo"
+    if name in POLICY_LOSSES:
+        given["loss_agg_mode"] = default_loss_agg_mode(name)
 
 
 def report_setting_changes(

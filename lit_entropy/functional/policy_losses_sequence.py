@@ -60,6 +60,10 @@ __all__ = [
 ]
 
 
+#: The GSPO and GMPO papers' aggregation (each sequence counts once): a null ``model.loss.loss_agg_mode`` with them.
+_PAPERS_AGGREGATION = "seq-mean-token-mean"
+
+
 def sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor) -> Tensor:
     """GSPO's length-normalised sequence log-ratio ``log s_i = mean_t log r_it`` over valid tokens, clamped.
 
@@ -148,7 +152,7 @@ def _check(clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str, lo
     )
 
 
-@register_policy_loss("gspo", first_order_entropy=True, sequence_advantages=True)
+@register_policy_loss("gspo", first_order_entropy=True, sequence_advantages=True, loss_agg_mode=_PAPERS_AGGREGATION)
 def gspo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -204,7 +208,7 @@ def gspo_policy_loss(
     return loss, _stats(*broadcast, seq_ratio.unsqueeze(-1), log_ratio, mask)
 
 
-@register_policy_loss("gspo_token", first_order_entropy=True)
+@register_policy_loss("gspo_token", first_order_entropy=True, loss_agg_mode=_PAPERS_AGGREGATION)
 def gspo_token_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -241,7 +245,7 @@ def gspo_token_policy_loss(
     return loss, _stats(low, high, ratio, log_ratio, mask)
 
 
-@register_policy_loss("gmpo", first_order_entropy=True, sequence_advantages=True)
+@register_policy_loss("gmpo", first_order_entropy=True, sequence_advantages=True, loss_agg_mode=_PAPERS_AGGREGATION)
 def gmpo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

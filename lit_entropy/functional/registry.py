@@ -42,6 +42,7 @@ __all__ = [
     "outcome_token_rewards",
     "policy_loss_attribute",
     "check_group_size",
+    "default_loss_agg_mode",
     "estimator_min_group_size",
     "register_advantage_estimator",
     "register_policy_loss",
@@ -153,7 +154,11 @@ ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Re
 
 
 def register_policy_loss(
-    name: str, *, first_order_entropy: bool = False, sequence_advantages: bool = False
+    name: str,
+    *,
+    first_order_entropy: bool = False,
+    sequence_advantages: bool = False,
+    loss_agg_mode: str = "token-mean",
 ) -> Callable[[F], F]:
     """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`.
 
@@ -165,13 +170,24 @@ def register_policy_loss(
             registered without it gets a warning from the monitor.
         sequence_advantages: the loss reads one advantage per sequence (the mean over its tokens); the
             settings refuse it with an estimator that gives per-token advantages from a critic (``gae``).
+        loss_agg_mode: the aggregation its paper uses: what a null ``model.loss.loss_agg_mode`` means with it.
     """
     for key, value in (("first_order_entropy", first_order_entropy), ("sequence_advantages", sequence_advantages)):
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be a bool, got {value!r}")
+    if not isinstance(loss_agg_mode, str):
+        raise TypeError(f"loss_agg_mode must be a str, got {loss_agg_mode!r}")
     return POLICY_LOSSES.register(
-        name, first_order_entropy=first_order_entropy, sequence_advantages=sequence_advantages
+        name,
+        first_order_entropy=first_order_entropy,
+        sequence_advantages=sequence_advantages,
+        loss_agg_mode=loss_agg_mode,
     )
+
+
+def default_loss_agg_mode(name: str) -> str:
+    """The aggregation the policy loss ``name`` was registered with (its paper's; ``token-mean`` unless it said)."""
+    return str(POLICY_LOSSES.attributes(name).get("loss_agg_mode", "token-mean"))
 
 
 def policy_loss_attribute(name: str, attribute: str) -> bool:

@@ -53,3 +53,22 @@ def test_a_different_estimator_is_still_a_change():
         ("model.advantages.estimator", "grpo", "gae"),
         ("model.algorithm", "grpo", "ppo"),
     ]
+
+
+def _loss_changes(saved: dict, given: dict) -> list:
+    from lit_entropy.cli.resume import resolve_null_loss_agg_mode
+
+    resolve_null_loss_agg_mode(saved, given)
+    return explicit_changes(saved, given, "model")
+
+
+def test_a_null_loss_agg_mode_and_the_losss_default_are_the_same_setting():
+    # checkpoints store the resolved mode, a run's config.yaml keeps the null it was given
+    saved = {"loss": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"}}
+    assert _loss_changes(saved, {"loss": {"loss_agg_mode": None}}) == []
+    assert _loss_changes({"loss": {"loss_agg_mode": "token-mean"}}, {"loss": {"loss_agg_mode": None}}) == []
+    # a gspo run from before the default followed the paper ran token-mean: resuming with the null is a change
+    old = {"loss": {"policy_loss": "gspo", "loss_agg_mode": "token-mean"}}
+    assert _loss_changes(old, {"loss": {"loss_agg_mode": None}}) == [
+        ("model.loss.loss_agg_mode", "token-mean", "seq-mean-token-mean")
+    ]

@@ -27,8 +27,8 @@ from lit_entropy.functional.registry import (
     check_group_size,
     default_loss_agg_mode,
     estimator_needs_values,
-    policy_loss_takes_token_weights,
     policy_loss_attribute,
+    policy_loss_takes_token_weights,
 )
 from lit_entropy.rollout.base import SamplingConfig
 from lit_entropy.rollout.correction import RolloutCorrectionConfig

@@ -126,8 +126,7 @@ class RFTModule(LightningModule):
         update, evaluation = self.settings.update, self.settings.evaluation
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
-        # the policy loss's own clip fractions over one step's updates (each loss has its own clip rule)
-        self.clip_fractions = LossClipFractions()
+        self.clip_fractions = LossClipFractions()  # the loss's own clip rule, over one step's updates
         self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
         self.dynamic_sampling = DynamicSampling(self.settings, rank_zero_warn)  # model.sampling.filter_groups

@@ -238,9 +238,7 @@ class LossConfig:
     """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off."""
     loss_agg_mode: str | None = None
     """``token-mean`` (DAPO), ``token-sum``, ``seq-mean-token-mean`` (GRPO), ``seq-mean-token-sum``,
-    ``seq-mean-token-sum-norm`` (Dr.GRPO); null = the policy loss's paper: ``token-mean`` for ``ppo`` and ``cispo``,
-    ``seq-mean-token-mean`` for ``gspo``, ``gspo_token`` and ``gmpo`` (token-mean would weight their sequences by
-    length)."""
+    ``seq-mean-token-sum-norm`` (Dr.GRPO); null = the loss's paper's (gspo*, gmpo: ``seq-mean-token-mean``)."""
     loss_scale_factor: float | None = None
     """Constant divisor of ``seq-mean-token-sum-norm``; null = ``model.sampling.max_new_tokens`` (Dr.GRPO's
     generation budget), never the padded width of a batch."""
@@ -483,14 +481,11 @@ class RFTSettings:
                 f"model.advantages.estimator={name!r} uses no critic: pick one that does, one of {fitting}, "
                 "or set model.algorithm: grpo"
             )
-        loss = self.loss.policy_loss
-        if needs_values and policy_loss_attribute(loss, "sequence_advantages"):
+        if needs_values and policy_loss_attribute(loss := self.loss.policy_loss, "sequence_advantages"):
             per_token = tuple(n for n in POLICY_LOSSES.names() if not policy_loss_attribute(n, "sequence_advantages"))
-            raise ValueError(
-                f"model.loss.policy_loss={loss!r} reads one advantage per sequence (the mean over its tokens), but "
-                f"model.advantages.estimator={name!r} gives per-token advantages from a critic: pick a per-token loss, "
-                f"one of {per_token}, or model.algorithm: grpo"
-            )
+            raise ValueError(f"model.loss.policy_loss={loss!r} reads one advantage per sequence (its tokens' mean), "
+                f"but model.advantages.estimator={name!r} gives per-token advantages from a critic: pick a per-token "
+                f"loss, one of {per_token}, or model.algorithm: grpo")  # fmt: skip
 
 
 _GROUP_TYPES: dict[str, type] = {

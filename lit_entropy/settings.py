@@ -25,9 +25,9 @@ from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
     check_group_size,
+    check_loss_and_estimator,
     default_loss_agg_mode,
     estimator_needs_values,
-    policy_loss_attribute,
     policy_loss_takes_token_weights,
 )
 from lit_entropy.rollout.base import SamplingConfig
@@ -481,11 +481,7 @@ class RFTSettings:
                 f"model.advantages.estimator={name!r} uses no critic: pick one that does, one of {fitting}, "
                 "or set model.algorithm: grpo"
             )
-        if needs_values and policy_loss_attribute(loss := self.loss.policy_loss, "sequence_advantages"):
-            per_token = tuple(n for n in POLICY_LOSSES.names() if not policy_loss_attribute(n, "sequence_advantages"))
-            raise ValueError(f"model.loss.policy_loss={loss!r} reads one advantage per sequence (its tokens' mean), "
-                f"but model.advantages.estimator={name!r} gives per-token advantages from a critic: pick a per-token "
-                f"loss, one of {per_token}, or model.algorithm: grpo")  # fmt: skip
+        check_loss_and_estimator(self.loss.policy_loss, name)
 
 
 _GROUP_TYPES: dict[str, type] = {

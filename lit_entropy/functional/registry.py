@@ -42,6 +42,7 @@ __all__ = [
     "outcome_token_rewards",
     "policy_loss_attribute",
     "check_group_size",
+    "check_loss_and_estimator",
     "default_loss_agg_mode",
     "estimator_min_group_size",
     "register_advantage_estimator",
@@ -193,6 +194,17 @@ def default_loss_agg_mode(name: str) -> str:
 def policy_loss_attribute(name: str, attribute: str) -> bool:
     """A boolean attribute (``first_order_entropy``, ``sequence_advantages``) ``name`` was registered with."""
     return bool(POLICY_LOSSES.attributes(name).get(attribute, False))
+
+
+def check_loss_and_estimator(loss: str, estimator: str) -> None:
+    """Refuse a loss that reads one advantage per sequence with an estimator giving a critic's per-token advantages."""
+    if estimator_needs_values(estimator) and policy_loss_attribute(loss, "sequence_advantages"):
+        per_token = tuple(n for n in POLICY_LOSSES.names() if not policy_loss_attribute(n, "sequence_advantages"))
+        raise ValueError(
+            f"model.loss.policy_loss={loss!r} reads one advantage per sequence (its tokens' mean), but "
+            f"model.advantages.estimator={estimator!r} gives per-token advantages from a critic: pick a per-token "
+            f"loss, one of {per_token}, or model.algorithm: grpo"
+        )
 
 
 def policy_loss_takes_token_weights(name: str) -> bool:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from _metric_references import ref_clip
 
+from lit_entropy.functional import POLICY_LOSSES
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import LossConfig, PolicyConfig
 
@@ -19,7 +20,13 @@ def test_the_module_counts_each_micro_batchs_clipped_ratios(tiny_model_dir):
     for _ in range(3):  # three micro-batches of one step
         ratio = torch.exp(torch.randn(4, 5, generator=gen, dtype=torch.float64) * 0.4)
         advantages, mask = torch.randn(4, 5, generator=gen, dtype=torch.float64), torch.rand(4, 5, generator=gen) < 0.7
-        module.update_clip(SimpleNamespace(ratio=ratio), SimpleNamespace(advantages=advantages, loss_mask=mask))
+        _, stats = POLICY_LOSSES["ppo"](
+            ratio.log(), torch.zeros_like(ratio), advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.28,
+            clip_ratio_c=None, loss_agg_mode="token-mean", normalizer=None, loss_scale_factor=None,
+        )  # fmt: skip
+        # The module weights each micro-batch's own fractions by its loss tokens (micro-batches differ in count).
+        rows = SimpleNamespace(advantages=advantages, loss_mask=mask)
+        module.update_clip(SimpleNamespace(policy_stats=stats, loss_tokens=mask.sum()), rows)
         batches.append((ratio, advantages, mask))
     clip, expected = module.clip_fractions.compute(), ref_clip(batches, 0.2, 0.28)
     assert {key: float(clip[key]) for key in expected} == pytest.approx(expected)

@@ -104,6 +104,14 @@ class RunDirectoryGuard(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
 
+def command_line_words(args: ArgsType) -> list[str] | None:
+    """The words LightningCLI parses: ``args`` when given as a list, ``sys.argv[1:]`` when ``None``, and
+    ``None`` for a dict or namespace of settings (no command line to read)."""
+    if args is None:
+        return sys.argv[1:]
+    return list(args) if isinstance(args, (list, tuple)) else None
+
+
 class RFTCLI(LightningCLI):
     """LightningCLI with the tokenizer linked from the model and lit_entropy's trainer defaults.
 
@@ -112,8 +120,7 @@ class RFTCLI(LightningCLI):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        given = kwargs.get("args")
-        self._requested = list(given) if isinstance(given, (list, tuple)) else sys.argv[1:]
+        self._command_line = command_line_words(kwargs.get("args"))
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -129,7 +136,7 @@ class RFTCLI(LightningCLI):
         from lit_entropy.cli.overview import COMMANDS
         from lit_entropy.internals.lightning import add_subcommand_parsers
 
-        named = next((arg for arg in self._requested if arg in self.subcommands()), None)
+        named = next((arg for arg in self._command_line or () if arg in self.subcommands()), None)
         chosen = [named] if named else list(self.subcommands())  # none named: all (the parser reports the error)
         add_subcommand_parsers(self, parser, {name: COMMANDS[name] for name in chosen}, **kwargs)
 
@@ -172,10 +179,9 @@ class RFTCLI(LightningCLI):
     def parse_arguments(self, parser: Any, args: ArgsType) -> None:
         # Old model keys (pre-0.2 flat ones, renamed ones) get an error naming their new place, not jsonargparse's.
         try:
-            check_legacy_arguments(list(args) if isinstance(args, (list, tuple)) else sys.argv[1:])
+            check_legacy_arguments(self._command_line or [])
         except ValueError as error:
             parser.exit(2, f"lit-entropy: error: {error}\n")
-        self._given_args = args  # re-parsed without defaults to tell explicit settings (_parse_ckpt_path)
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -193,10 +199,10 @@ class RFTCLI(LightningCLI):
         if not ckpt_path:
             return
         saved = read_checkpoint_hparams(ckpt_path)
-        given = self._given_args if self._given_args is not None else sys.argv[1:]
+        given = self._command_line  # re-parsed without defaults to tell the explicit settings
         explicit = {"model": {}, "data": {}}
-        if isinstance(given, (list, tuple)):
-            namespace = self.parser.parse_args(list(given), defaults=False)[subcommand]
+        if given is not None:
+            namespace = self.parser.parse_args(given, defaults=False)[subcommand]
             for section in explicit:
                 value = namespace.get(section)
                 explicit[section] = value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
@@ -415,11 +421,10 @@ def check_legacy_arguments(args: list[str]) -> None:
 
 def cli_main(args: ArgsType = None, run: bool = True) -> RFTCLI:
     """Build (and by default run) the CLI; ``args`` lets tests drive it in-process."""
-    given = sys.argv[1:] if args is None else args
     # --help documents every setting from its dataclass attribute docstring; reading those from the source of
     # every class costs two thirds of building the parser, so only a help request reads them.
-    wants_help = isinstance(given, (list, tuple)) and any(
-        str(arg) in ("-h", "--help") or str(arg).endswith(".help") for arg in given
+    wants_help = any(
+        str(arg) in ("-h", "--help") or str(arg).endswith(".help") for arg in command_line_words(args) or ()
     )
     set_parsing_settings(docstring_parse_attribute_docstrings=wants_help)
     return RFTCLI(

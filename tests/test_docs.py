@@ -94,28 +94,11 @@ def prose_lines(path: Path) -> list[Mention]:
 
 
 # ------------------------------------------------------------------------------------------------ settings
-@pytest.fixture(scope="module")
-def settings() -> tuple[set[str], set[str]]:
-    """(every dotted setting the parser accepts, the class_path settings whose init_args are free-form)."""
-    from lit_entropy.cli import cli_main
-    from lit_entropy.cli.parse_errors import setting_keys
-    from lit_entropy.internals.cli import parser_settings
-
-    parser = cli_main(["--trainer.logger=false"], run=False).parser
-    class_paths = {
-        option[2:].removesuffix(".help")
-        for setting in parser_settings(parser)
-        for option in setting.options
-        if option.endswith(".help") and option != "--help"
-    }
-    return set(setting_keys(parser)), class_paths
-
-
-def test_every_setting_named_in_the_docs_exists(settings):
+def test_every_setting_named_in_the_docs_exists(accepted_settings):
     """Old names may appear where the docs say they are refused (each is in LEGACY_MODEL_KEYS)."""
     from lit_entropy.settings import LEGACY_MODEL_KEYS
 
-    keys, class_paths = settings
+    keys, class_paths = accepted_settings
     allowed = {f"model.{name}" for name in LEGACY_MODEL_KEYS} | NOT_SETTINGS
 
     def exists(key: str) -> bool:

@@ -17,7 +17,7 @@ from lit_entropy.functional.linear_entropy import linear_entropy_stats
 from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
 from lit_entropy.models.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
-from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, unpack_rows
+from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, packs_in_bins, unpack_rows
 
 __all__ = [
     "ResponseForward",
@@ -132,8 +132,8 @@ def _packed_response_forward(
     """:func:`response_forward` on the rows packed into one: the blockwise pass (or full logits at the predicting
     positions only) over the response-mask tokens, unpacked to ``[n, T]`` (zeros off the mask)."""
     check_packing_attention(model)
-    rows, mask = pack_rows(rollout), rollout.response_mask
     head = blockwise and uses_blockwise_head(model)
+    rows, mask = pack_rows(rollout, binned=head and packs_in_bins(model)), rollout.response_mask
     logits, states = packed_forward(model, rows, logits=not head)
     if head:
         weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
@@ -179,7 +179,7 @@ def blockwise_response_loss(
     responses, mask = rollout.responses, rollout.response_mask
     if packed:
         check_packing_attention(model)
-        rows = pack_rows(rollout)
+        rows = pack_rows(rollout, binned=packs_in_bins(model))
         flat_states, targets = packed_forward(model, rows)[1], rows.targets
         states = unpack_rows(flat_states, mask)
     else:
@@ -214,7 +214,8 @@ def value_estimates(
     hidden = policy_hidden
     if critic is not None and packed:
         check_packing_attention(critic)
-        hidden = unpack_rows(packed_forward(critic, pack_rows(rollout))[1], rollout.response_mask)
+        rows = pack_rows(rollout, binned=packs_in_bins(critic))
+        hidden = unpack_rows(packed_forward(critic, rows)[1], rollout.response_mask)
     elif critic is not None:
         length = rollout.response_mask.shape[1]
         hidden = response_logits(critic, rollout.sequences, rollout.attention_mask, length, hidden=True)[1]

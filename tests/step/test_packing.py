@@ -11,7 +11,7 @@ from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import build_qwen2
 from lit_entropy.settings import LossConfig, PolicyConfig, RFTSettings, UpdateConfig
 from lit_entropy.step import global_loss_normalizer, response_forward, rows_update_loss, value_estimates
-from lit_entropy.step.packing import check_packing_attention, pack_rows
+from lit_entropy.step.packing import check_packing_attention, first_fit_bins, pack_rows, packed_forward, packs_in_bins
 
 PROMPTS = [3, 7, 5, 2, 6, 4]
 RESPONSES = [2, 11, 6, 1, 9, 4]
@@ -44,6 +44,43 @@ def test_packed_row_holds_each_rows_real_tokens_with_restarting_positions(model)
     # the next packed token is the response token each position predicts
     assert torch.equal(packed.input_ids[0, packed.predict + 1], packed.targets)
     assert torch.equal(packed.targets, rollout.responses[rollout.response_mask])
+
+
+def test_first_fit_decreasing_bins_by_hand():
+    # lengths 5 18 11 3 15 8, width 18: 18 -> bin 0; 15 -> bin 1; 11 -> bin 2; 8 fits none (15+8, 11+8 > 18) -> bin 3;
+    # 5 -> bin 2 (11+5); 3 -> bin 1 (15+3)
+    bins, offsets, width = first_fit_bins(torch.tensor([5, 18, 11, 3, 15, 8]))
+    assert width == 18
+    assert bins.tolist() == [2, 0, 2, 1, 1, 3] and offsets.tolist() == [11, 0, 0, 15, 0, 0]
+
+
+def test_binned_rows_hold_each_rows_real_tokens_with_restarting_positions(model):
+    rollout = mixed_rollout(model.config.vocab_size, PROMPTS, RESPONSES, width=13)
+    packed = pack_rows(rollout, binned=True)
+    # real lengths 5 18 11 3 15 8: the bins of the test above, 4 x 18
+    width, p_max = 18, max(PROMPTS)
+    want_ids = [[0] * width for _ in range(4)]
+    want_pos = [list(range(width)) for _ in range(4)]  # an unused tail restarts at 0 right after the last row
+    want_predict = []
+    for i, (b, start) in enumerate([(2, 11), (0, 0), (2, 0), (1, 15), (1, 0), (3, 0)]):
+        p, r = PROMPTS[i], RESPONSES[i]
+        want_ids[b][start : start + p + r] = rollout.sequences[i, p_max - p : p_max + r].tolist()
+        want_pos[b][start : start + p + r] = list(range(p + r))
+        want_predict += [b * width + start + p - 1 + t for t in range(r)]
+    want_pos[2][16:], want_pos[3][8:] = [0, 1], list(range(10))  # bins 2 and 3 hold 16 and 8 tokens
+    assert packed.input_ids.tolist() == want_ids and packed.position_ids.tolist() == want_pos
+    assert packed.predict.tolist() == want_predict
+    assert torch.equal(packed.input_ids.flatten()[packed.predict + 1], packed.targets)
+    assert torch.equal(packed.targets, rollout.responses[rollout.response_mask])
+    with pytest.raises(ValueError, match="one row"):
+        packed_forward(model, packed, logits=True)
+
+
+def test_packs_in_bins_except_under_flash_attention():
+    assert packs_in_bins(_model("sdpa")) and packs_in_bins(_model("eager"))
+    model = _model("sdpa")
+    model.config._attn_implementation = "flash_attention_2"  # no flash kernel on CPU: the flag is what is read
+    assert not packs_in_bins(model)
 
 
 # eager in float64: transformers' padded path gives NaN on left-padded rows (float32 is fine), so it runs in float32

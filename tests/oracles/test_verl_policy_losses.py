@@ -43,6 +43,8 @@ VERL = load_verl()
 F64 = torch.float64
 SEEDS = range(30)
 CLOSE = {"rtol": 1e-6, "atol": 1e-10}  # verl adds 1e-8 to its counts (masked_mean, seq-mean-token-mean)
+# ... which moves a loss summed from terms of either sign (up to ~10) by up to ~1e-7 where it nearly cancels
+LOSS_CLOSE = {"rtol": 1e-6, "atol": 1e-7}
 NO_DUAL_CLIP = 1e12  # verl asserts clip_ratio_c > 1 and has no off switch; this one never binds
 
 # (clip_ratio_low, clip_ratio_high, clip_ratio_c, spread of the log-ratio): PPO's symmetric clip, clip-higher with
@@ -67,7 +69,7 @@ def make_case(seed: int, spread: float, *, token_advantages: bool) -> dict:
     logprobs = old + spread * torch.randn(n, t, generator=g, dtype=F64)
     if spread >= 0.1:  # a few tokens far outside every range, both ways (the dual clip binds above 3)
         far = torch.rand(n, t, generator=g) < 0.15
-        logprobs = torch.where(far, old + torch.randn(n, t, generator=g, dtype=F64), logprobs)
+        logprobs = torch.where(far, old + 1.5 * torch.randn(n, t, generator=g, dtype=F64), logprobs)
     on_policy = int(torch.randint(0, n, (1,), generator=g))
     logprobs[on_policy] = old[on_policy]
     lengths = torch.randint(0, t + 1, (n,), generator=g)
@@ -180,7 +182,7 @@ def test_loss_gradient_and_clip_fractions_equal_verls(name, mode):
                 loss, grad, stats = ours(name, case, low, high, c, mode, scale)
                 v_loss, v_grad, v = verl(name, case, low, high, c, mode, scale, verl_weights(name, case))
                 where = f"{name} {mode} eps=({low}, {high}) c={c} scale={scale} seed={seed}"
-                torch.testing.assert_close(loss, v_loss, **CLOSE, msg=lambda m, w=where: f"loss, {w}: {m}")
+                torch.testing.assert_close(loss, v_loss, **LOSS_CLOSE, msg=lambda m, w=where: f"loss, {w}: {m}")
                 torch.testing.assert_close(grad, v_grad, **CLOSE, msg=lambda m, w=where: f"gradient, {w}: {m}")
                 assert float(stats.clip_frac) == pytest.approx(v["actor/pg_clipfrac"], rel=1e-6, abs=1e-12), where
                 dual = float(stats.dual_clip_frac) if name == "ppo" else 0.0
@@ -216,7 +218,9 @@ def test_gmpo_equals_verls_geo_mean_up_to_its_documented_differences():
             v_loss, v_grad, v = verl("gmpo", case, low, high, c, mode, None, verl_weights("gmpo", case))
             rows, valid_rows = mask.shape[0], int(mask.any(-1).sum())
             where = f"gmpo eps=({low}, {high}) seed={seed}"
-            torch.testing.assert_close(loss * valid_rows / rows, v_loss, **CLOSE, msg=lambda m, w=where: f"{w}: {m}")
+            torch.testing.assert_close(
+                loss * valid_rows / rows, v_loss, **LOSS_CLOSE, msg=lambda m, w=where: f"{w}: {m}"
+            )
             torch.testing.assert_close(grad * valid_rows / rows, v_grad, **CLOSE, msg=lambda m, w=where: f"{w}: {m}")
             log_ratio = case["logprobs"] - case["old"]
             slack_high = masked_mean(((adv > 0) & (log_ratio < -low)).to(F64), mask)  # clamped up, min keeps log r

@@ -3,10 +3,14 @@ the ``train/filter/*`` tags, against a reference computed by hand from the promp
 
 from __future__ import annotations
 
+import io
+
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.loggers import Logger
 
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
+from lit_entropy.reporting.console import ConsoleMetrics
 from lit_entropy.settings import EvaluationConfig, LoggingConfig, PolicyConfig, RewardConfig, TrainingSamplingConfig
 
 BATCH, BATCHES, MAX_GEN = 4, 10, 2
@@ -38,6 +42,28 @@ class TrainedAnswers(RFTModule):
         super().log_step(batch, batch_idx, experience, completions, terms)
 
 
+class Written(Logger):
+    """Every ``log_metrics`` call a logger gets: ``(step, keys)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, set[str]]] = []
+
+    @property
+    def name(self) -> str:
+        return "written"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, set(metrics)))
+
+
 def _reference(batches: list[list[str]]) -> list[dict]:
     """By hand: a fill ends when it holds BATCH odd-answer prompts or MAX_GEN generation batches were drawn."""
     out, kept, drawn, gens = [], [], 0, 0
@@ -51,7 +77,7 @@ def _reference(batches: list[list[str]]) -> list[dict]:
     return out
 
 
-def test_each_update_trains_on_the_first_informative_groups_of_its_fill(tiny_model_dir):
+def _fit(tiny_model_dir, **trainer_options):
     seed_everything(0)
     module = TrainedAnswers(
         PolicyConfig(tiny_model_dir),
@@ -66,11 +92,19 @@ def test_each_update_trains_on_the_first_informative_groups_of_its_fill(tiny_mod
         tokenizer_name_or_path=tiny_model_dir, batch_size=BATCH, num_train_examples=64, shuffle=False
     )
     recorder = Recorder()
+    options = dict(logger=False, callbacks=[])
+    options.update(trainer_options)
     trainer = Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+        accelerator="cpu", max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        **{**options, "callbacks": [recorder, *options["callbacks"]]},
     )  # fmt: skip
     trainer.fit(module, data)
+    return module, data, recorder
+
+
+def test_each_update_trains_on_the_first_informative_groups_of_its_fill(tiny_model_dir):
+    module, data, recorder = _fit(tiny_model_dir)
     batches = [row["answers"] for row in recorder.rows]
     assert batches == [data.train_data.answers[i * BATCH : (i + 1) * BATCH] for i in range(BATCHES)]  # file order
     reference = _reference(batches)
@@ -88,3 +122,20 @@ def test_each_update_trains_on_the_first_informative_groups_of_its_fill(tiny_mod
                 "train/filter/groups_kept": fill["kept"],
                 "train/filter/groups_trained": len(fill["trained"]),
             }
+
+
+def test_training_scalars_are_written_only_at_the_batches_that_updated(tiny_model_dir):
+    """Between two updates Lightning alone would write the last update's ``train/*`` again at every generation
+    batch; each update's scalars appear once, at the batch that ended its fill, in the logger and on the console."""
+    logger, stream = Written(), io.StringIO()
+    _, _, recorder = _fit(tiny_model_dir, logger=logger, log_every_n_steps=1, callbacks=[ConsoleMetrics(stream)])
+    reference = _reference([row["answers"] for row in recorder.rows])
+    updated = [fill["batch"] for fill in reference if fill["trained"]]
+    assert 0 < len(updated) < BATCHES  # some generation batches end without an update
+    written = sorted({step for step, keys in logger.rows if any(key.startswith("train/") for key in keys)})
+    assert written == updated
+    for step, keys in logger.rows:
+        if step in updated:
+            assert {"train/reward/mean", "train/filter/gen_batches"} <= keys
+    printed = [int(line.split(" | ")[0].split()[1]) for line in stream.getvalue().splitlines() if "reward" in line]
+    assert printed == updated

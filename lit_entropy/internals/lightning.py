@@ -14,8 +14,10 @@ __all__ = [
     "LOGGER_STEP_KEY",
     "add_subcommand_parsers",
     "attached_trainer",
+    "batch_step_values",
     "callback_state_key",
     "cluster_environment",
+    "forget_step_values",
     "hpc_checkpoint_path",
     "hpc_resume_path",
     "hpc_resume_path_in",
@@ -58,6 +60,28 @@ def logger_step(trainer: Any) -> int:
     ``global_step`` already counts the optimizer steps taken in that batch.
     """
     return int(getattr(trainer.fit_loop.epoch_loop, LOGGER_STEP_KEY))
+
+
+def forget_step_values(trainer: Any, keep_fx: str = "on_train_batch_start") -> None:
+    """Forget the step values ``self.log`` got in earlier training batches: a batch then writes only its own.
+
+    Lightning's result collection keeps the last ``on_step`` value of every key logged in the epoch (each
+    ``_ResultMetric._forward_cache``) and hands all of them to the loggers at the end of every training
+    batch, so a key a batch did not log repeats its last value there (lightning 2.6): a batch without an
+    update (DAPO dynamic sampling) would repeat the last update's scalars. Call it when a training batch
+    starts; values logged by hooks named ``keep_fx`` (they may already have run in this batch) are kept, and
+    epoch aggregates are untouched.
+    """
+    for item in trainer.fit_loop.epoch_loop._results.values():
+        if item.meta.on_step and item.meta.fx != keep_fx:
+            item._forward_cache = None
+
+
+def batch_step_values(trainer: Any) -> dict[str, Any]:
+    """The ``on_step`` values logged so far in the current training batch, by name (after
+    :func:`forget_step_values`; otherwise also every earlier batch's last value). ``trainer.callback_metrics``
+    instead keeps every value ever logged."""
+    return dict(trainer.fit_loop.epoch_loop._results.metrics(True)["callback"])
 
 
 def rewind_logger_step(checkpoint: dict[str, Any]) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from lit_entropy.internals.lightning import batch_step_values
 from lit_entropy.reporting.evaluation import evaluation_tags
 from lit_entropy.reporting.steps import trained_batches
 
@@ -69,7 +71,9 @@ class ConsoleMetrics(Callback):
         step = trained_batches(trainer) - 1  # this batch's; its scalars are logged at this step
         if (step + 1) % max(trainer.log_every_n_steps, 1) and not trainer.should_stop and step not in self._evaluations:
             return
-        print(self.line(trainer, step), file=stream, flush=True)
+        values = batch_step_values(trainer)
+        if step in self._evaluations or any(key in values for _, key in self.KEYS):
+            print(self.line(trainer, step, values), file=stream, flush=True)
 
     @rank_zero_only
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -79,9 +83,10 @@ class ConsoleMetrics(Callback):
         for step in sorted(self._evaluations):  # the validation after the last batch
             print(" | ".join([f"step {step}", *self._evaluations.pop(step)]), file=stream, flush=True)
 
-    def line(self, trainer: Trainer, step: int) -> str:
-        """The line of training batch ``step`` (counted from the run's start) and a validation logged at it."""
-        metrics = trainer.callback_metrics
+    def line(self, trainer: Trainer, step: int, values: Mapping[str, Any] | None = None) -> str:
+        """The line of training batch ``step`` (counted from the run's start) and a validation logged at it;
+        ``values``: the batch's logged values (None = ``trainer.callback_metrics``)."""
+        metrics = trainer.callback_metrics if values is None else values
         parts = [f"step {step}"]
         parts += [f"{name} {float(metrics[key]):.3f}" for name, key in self.KEYS if key in metrics]
         parts += self._evaluations.pop(step, [])

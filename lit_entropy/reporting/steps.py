@@ -21,6 +21,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from lit_entropy.internals.lightning import forget_step_values
 from lit_entropy.internals.tensorboard import event_file_writer
 from lit_entropy.reporting.overview import overview_copies
 
@@ -66,6 +67,10 @@ class StepAxis(Callback):
     * ``on_train_start`` of a resumed ``fit`` at step ``S`` > 0: each TensorBoard run directory gets a
       restart mark at ``S``, so TensorBoard drops what the stopped run logged from ``S`` on, and the
       checkpoint's own validation is written again at ``S``.
+    * ``on_train_batch_start``: a training batch writes only the scalars logged during it
+      (:func:`~lit_entropy.internals.lightning.forget_step_values`); Lightning alone repeats at every batch the
+      last value of each key logged earlier in the epoch, e.g. the last update's ``train/*`` at the
+      generation batches of DAPO dynamic sampling that end without an update.
     """
 
     def __init__(self) -> None:
@@ -101,6 +106,9 @@ class StepAxis(Callback):
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.checkpoint_step = checkpoint_trained_batches(checkpoint)
         self.resumed_evaluation = checkpoint.get(_EVALUATION_KEY)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        forget_step_values(trainer)
 
     @rank_zero_only
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -192,3 +192,52 @@ def test_add_subcommand_parsers_builds_only_the_named_subcommands(capsys):
     with pytest.raises(SystemExit):
         OnlyFit(BoringModel, args=["fit", "--help"])
     assert "--trainer.max_steps" in capsys.readouterr().out, UPGRADE
+
+
+class _EvenBatches(LightningModule):
+    """Logs ``even`` on even batches only; with ``forget`` the step values are forgotten when a batch starts."""
+
+    def __init__(self, forget: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.forget = forget
+        self.batch_values: list[dict[str, float]] = []
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.forget:
+            internals.forget_step_values(self.trainer)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx % 2 == 0:
+            self.log("even", float(batch_idx), on_step=True)
+        return (self.weight * batch).sum()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.batch_values.append({k: float(v) for k, v in internals.batch_step_values(self.trainer).items()})
+
+    def train_dataloader(self) -> Any:
+        return _Stateful()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_forget_step_values_keeps_a_batch_from_repeating_earlier_values(forget: bool, tmp_path) -> None:
+    """Lightning writes at every batch the last value of each key logged earlier in the epoch; after
+    ``forget_step_values`` a batch writes only what it logged."""
+    written: list[tuple[int, dict[str, float]]] = []
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics = lambda metrics, step=None: written.append((step, dict(metrics)))  # type: ignore[method-assign]
+    trainer = Trainer(
+        max_steps=4, logger=logger, log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, accelerator="cpu", devices=1,
+    )  # fmt: skip
+    module = _EvenBatches(forget)
+    trainer.fit(module)
+    evens = [(step, metrics["even"]) for step, metrics in written if "even" in metrics]
+    if forget:
+        assert evens == [(0, 0.0), (2, 2.0)], UPGRADE
+        assert module.batch_values == [{"even": 0.0}, {}, {"even": 2.0}, {}], UPGRADE
+    else:  # what the adapter exists for: the value of batch 0 written again at batch 1
+        assert evens == [(0, 0.0), (1, 0.0), (2, 2.0), (3, 2.0)], UPGRADE

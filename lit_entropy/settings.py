@@ -23,7 +23,9 @@ from lit_entropy.functional.overlong import check_overlong_args
 from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
 from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
+    DEFAULT_CLIP_RATIO_C,
     POLICY_LOSSES,
+    check_dual_clip,
     check_group_size,
     check_loss_and_estimator,
     default_loss_agg_mode,
@@ -234,8 +236,9 @@ class LossConfig:
     """PPO ratio clip below 1, in [0, 1)."""
     clip_ratio_high: float = 0.2
     """PPO ratio clip above 1 (DAPO clip-higher: 0.28)."""
-    clip_ratio_c: float | None = 3.0
-    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off."""
+    clip_ratio_c: float | None = DEFAULT_CLIP_RATIO_C
+    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off. Only
+    ``ppo`` applies it: another value with a loss that ignores it is refused."""
     loss_agg_mode: str | None = None
     """``token-mean`` (DAPO), ``token-sum``, ``seq-mean-token-mean`` (GRPO), ``seq-mean-token-sum``,
     ``seq-mean-token-sum-norm`` (Dr.GRPO); null = the loss's paper's (gspo*, gmpo: ``seq-mean-token-mean``)."""
@@ -258,13 +261,10 @@ class LossConfig:
         if self.loss_agg_mode is None:  # frozen: the resolved mode is stored once, so HPARAMS show what ran
             object.__setattr__(self, "loss_agg_mode", default_loss_agg_mode(self.policy_loss))
         check_policy_loss_args(
-            clip_ratio_low=self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            loss_agg_mode=self.loss_agg_mode,
-            loss_scale_factor=self.loss_scale_factor,
-            prefix="model.loss.",
-        )
+            clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
+            loss_agg_mode=self.loss_agg_mode, loss_scale_factor=self.loss_scale_factor, prefix="model.loss.",
+        )  # fmt: skip
+        check_dual_clip(self.policy_loss, self.clip_ratio_c)
         check_kl_type(self.kl_type, name="model.loss.kl_type")
         check_number("model.loss.kl_coef", self.kl_coef, low=0)
         check_number("model.loss.entropy_coef", self.entropy_coef, low=0)

@@ -288,3 +288,46 @@ def test_a_null_loss_agg_mode_is_the_policy_loss_papers_and_a_set_one_is_kept(lo
     assert LossConfig(policy_loss=loss).loss_agg_mode == mode  # GSPO / GMPO: each sequence counts once
     assert RFTSettings.build(loss=LossConfig(policy_loss=loss)).to_hparams()["loss"]["loss_agg_mode"] == mode
     assert LossConfig(policy_loss=loss, loss_agg_mode="token-sum").loss_agg_mode == "token-sum"
+
+
+def _dual_clip_changes_the_loss(name: str) -> bool:
+    """Whether the registered policy loss ``name`` computes another loss or gradient with a dual clip of 1.5 than
+    without, on off-policy tokens where that clip binds (negative advantages, ratios up to e^2)."""
+    import torch
+
+    from lit_entropy.functional import POLICY_LOSSES
+
+    generator = torch.Generator().manual_seed(0)
+    old = torch.randn(6, 5, dtype=torch.float64, generator=generator)
+    shift = torch.randn(6, 5, dtype=torch.float64, generator=generator)
+    advantages = torch.tensor([-1.0, -0.5, 1.0, -2.0, 0.5, -1.0], dtype=torch.float64)[:, None].expand(6, 5)
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    results = []
+    for clip_ratio_c in (None, 1.5):
+        logprobs = (old + shift).requires_grad_(True)
+        loss, _ = POLICY_LOSSES[name](
+            logprobs, old, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=clip_ratio_c,
+            loss_agg_mode="token-mean", normalizer=None, loss_scale_factor=None, response_mask=mask,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(loss, logprobs)
+        results.append((loss.detach(), grad))
+    return not (torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1]))
+
+
+def test_a_dual_clip_the_policy_loss_ignores_is_refused_naming_both_settings():
+    from lit_entropy.functional import POLICY_LOSSES
+
+    shipped = [name for name in POLICY_LOSSES.names() if POLICY_LOSSES[name].__module__.startswith("lit_entropy.")]
+    applies = {name: _dual_clip_changes_the_loss(name) for name in shipped}
+    assert applies["ppo"] and not applies["gspo"]  # both kinds are exercised
+    for name, reads in applies.items():
+        LossConfig(policy_loss=name)  # the default passes with every loss
+        LossConfig(policy_loss=name, clip_ratio_c=None)
+        if reads:
+            assert LossConfig(policy_loss=name, clip_ratio_c=1.5).clip_ratio_c == 1.5
+            continue
+        with pytest.raises(ValueError) as error:
+            LossConfig(policy_loss=name, clip_ratio_c=1.5)
+        message = str(error.value)
+        assert "\n" not in message
+        assert message.startswith(f"model.loss.clip_ratio_c=1.5 would be ignored: model.loss.policy_loss={name!r}")

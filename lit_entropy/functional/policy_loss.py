@@ -314,7 +314,7 @@ def _policy_loss_stats(
     )
 
 
-@register_policy_loss("ppo", first_order_entropy=True)
+@register_policy_loss("ppo", first_order_entropy=True, dual_clip=True)
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

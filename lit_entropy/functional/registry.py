@@ -34,6 +34,7 @@ from lit_entropy.functional.masked import as_bool_mask
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DEFAULT_CLIP_RATIO_C",
     "POLICY_LOSSES",
     "Registry",
     "UnknownNameError",
@@ -41,6 +42,7 @@ __all__ = [
     "policy_loss_takes_token_weights",
     "outcome_token_rewards",
     "policy_loss_attribute",
+    "check_dual_clip",
     "check_group_size",
     "check_loss_and_estimator",
     "default_loss_agg_mode",
@@ -160,6 +162,7 @@ def register_policy_loss(
     first_order_entropy: bool = False,
     sequence_advantages: bool = False,
     loss_agg_mode: str = "token-mean",
+    dual_clip: bool = False,
 ) -> Callable[[F], F]:
     """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`.
 
@@ -172,8 +175,11 @@ def register_policy_loss(
         sequence_advantages: the loss reads one advantage per sequence (the mean over its tokens); the
             settings refuse it with an estimator that gives per-token advantages from a critic (``gae``).
         loss_agg_mode: the aggregation its paper uses: what a null ``model.loss.loss_agg_mode`` means with it.
+        dual_clip: the loss applies ``clip_ratio_c`` (PPO's dual clip); a loss registered without it is refused
+            with a ``model.loss.clip_ratio_c`` other than the default or null (:func:`check_dual_clip`).
     """
-    for key, value in (("first_order_entropy", first_order_entropy), ("sequence_advantages", sequence_advantages)):
+    flags = (("first_order_entropy", first_order_entropy), ("sequence_advantages", sequence_advantages))
+    for key, value in (*flags, ("dual_clip", dual_clip)):
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be a bool, got {value!r}")
     if not isinstance(loss_agg_mode, str):
@@ -183,6 +189,7 @@ def register_policy_loss(
         first_order_entropy=first_order_entropy,
         sequence_advantages=sequence_advantages,
         loss_agg_mode=loss_agg_mode,
+        dual_clip=dual_clip,
     )
 
 
@@ -192,8 +199,30 @@ def default_loss_agg_mode(name: str) -> str:
 
 
 def policy_loss_attribute(name: str, attribute: str) -> bool:
-    """A boolean attribute (``first_order_entropy``, ``sequence_advantages``) ``name`` was registered with."""
+    """A boolean attribute (``first_order_entropy``, ``sequence_advantages``, ``dual_clip``) ``name`` was
+    registered with."""
     return bool(POLICY_LOSSES.attributes(name).get(attribute, False))
+
+
+DEFAULT_CLIP_RATIO_C = 3.0
+"""``model.loss.clip_ratio_c``'s default (verl's ``clip_ratio_c``): the dual clip of ``ppo``."""
+
+
+def check_dual_clip(loss: str, clip_ratio_c: float | None) -> None:
+    """Refuse a dual-clip constant the policy loss ``loss`` would ignore.
+
+    The default (:data:`DEFAULT_CLIP_RATIO_C`) and null pass with every loss: the default is meant for ``ppo``,
+    and a value written equal to it cannot be told from it. verl ignores its ``clip_ratio_c`` silently in
+    every loss but its vanilla PPO one.
+    """
+    if clip_ratio_c is None or clip_ratio_c == DEFAULT_CLIP_RATIO_C or policy_loss_attribute(loss, "dual_clip"):
+        return
+    readers = tuple(n for n in POLICY_LOSSES.names() if policy_loss_attribute(n, "dual_clip"))
+    raise ValueError(
+        f"model.loss.clip_ratio_c={clip_ratio_c} would be ignored: model.loss.policy_loss={loss!r} has no dual "
+        f"clip (losses that apply it: {readers}); leave model.loss.clip_ratio_c null or at its default "
+        f"{DEFAULT_CLIP_RATIO_C}, or pick one of those losses"
+    )
 
 
 def check_loss_and_estimator(loss: str, estimator: str) -> None:

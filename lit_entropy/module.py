@@ -414,7 +414,7 @@ class RFTModule(LightningModule):
         if self.tag_plan is None:
             trainer = self.trainer
             self.tag_plan = TagPlan.decide(
-                updates_per_batch=self.updates_per_rollout_batch(), optim=self.settings.optim,
+                updates_per_batch=self.updates_per_rollout_batch(), optim=self.settings.optim, loss=self.settings.loss,
                 group_size=self.settings.sampling.num_samples, rollout_engine=self.rollout_engine,
                 mask_providers=len(protocol.token_mask_providers(trainer)),
                 coefficient_providers=len(protocol.loss_coefficient_providers(trainer)),

@@ -159,6 +159,8 @@ def test_short_fit_logs_the_documented_tags(tiny_model_dir, tmp_path, algorithm,
         }
         if algorithm == "ppo":
             expected.add("train/clip/value")
+        if loss.policy_loss == "ppo" and loss.clip_ratio_c is not None:  # the dual clip (3.0 by default)
+            expected.add("train/clip/dual")
     if "optim" in extra:  # cosine with warm-up: the LR changes
         expected.add("train/optim/lr")
     assert tags == expected, (expected - tags, tags - expected)

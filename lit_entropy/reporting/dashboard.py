@@ -23,11 +23,12 @@ from torch import Tensor, nn
 
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
 from lit_entropy.functional.overlong import truncated_rows
+from lit_entropy.functional.registry import policy_loss_attribute
 from lit_entropy.functional.rollout_correction import mismatch_metrics
 from lit_entropy.metrics import TokenEntropy
 from lit_entropy.reporting.overview import MASKED_FRAC_TAG
 from lit_entropy.rollout.base import RolloutEngine
-from lit_entropy.settings import OptimConfig
+from lit_entropy.settings import LossConfig, OptimConfig
 
 __all__ = [
     "DashboardRun",
@@ -68,6 +69,8 @@ class TagPlan:
         coefficient_providers: a loss-coefficient callback may change ``entropy_coef``: it is logged.
         syncs_weights: the rollout engine holds its own copy of the weights (vLLM): ``perf/time_sync_s``
             is logged (Hugging Face ``generate`` samples from the policy itself: nothing to sync).
+        dual_clip: off-policy, and the policy loss applies a dual clip (``ppo`` with ``model.loss.clip_ratio_c``
+            set): ``train/clip/dual`` is logged.
     """
 
     off_policy: bool = False
@@ -76,6 +79,7 @@ class TagPlan:
     mask_providers: int = 0
     coefficient_providers: bool = False
     syncs_weights: bool = False
+    dual_clip: bool = False
 
     @staticmethod
     def decide(
@@ -86,6 +90,7 @@ class TagPlan:
         mask_providers: int,
         coefficient_providers: int,
         rollout_engine: RolloutEngine,
+        loss: LossConfig | None = None,
     ) -> TagPlan:
         """The plan of a run from what it is made of (every rank must pass the same values).
 
@@ -96,7 +101,11 @@ class TagPlan:
             mask_providers: keep-mask callbacks attached to the trainer.
             coefficient_providers: loss-coefficient callbacks attached to the trainer.
             rollout_engine: the engine that samples the rollouts.
+            loss: the policy loss settings (None: no dual clip is assumed).
         """
+        dual = (
+            loss is not None and loss.clip_ratio_c is not None and policy_loss_attribute(loss.policy_loss, "dual_clip")
+        )
         return TagPlan(
             off_policy=updates_per_batch > 1,
             lr_changes=optim.warmup_steps > 0 or optim.lr_schedule != "constant",
@@ -104,6 +113,7 @@ class TagPlan:
             mask_providers=mask_providers,
             coefficient_providers=coefficient_providers > 0,
             syncs_weights=type(rollout_engine).sync_weights is not RolloutEngine.sync_weights,
+            dual_clip=updates_per_batch > 1 and dual,
         )
 
 
@@ -337,7 +347,8 @@ class TrainDashboard(nn.Module):
         entropy = self.entropy.compute()
         log("train/entropy/mean", entropy, on_step=True, batch_size=1)
         if plan.off_policy and report.clip is not None:
-            for name, key in (("ratio", "total"), ("low", "low"), ("high", "high")):
+            dual = (("dual", "dual"),) if plan.dual_clip else ()
+            for name, key in (("ratio", "total"), ("low", "low"), ("high", "high"), *dual):
                 log(f"train/clip/{name}", report.clip[key], on_step=True, batch_size=1)
         self.entropy.reset()
         log("reward", stats["train/reward/mean"], prog_bar=True, logger=False, batch_size=1)

@@ -324,7 +324,7 @@ def test_batch_statistics_match_a_brute_force_reference():
 
 def test_tag_plan_decides_from_explicit_facts():
     from lit_entropy.rollout import HFRolloutEngine, RolloutEngine
-    from lit_entropy.settings import OptimConfig
+    from lit_entropy.settings import LossConfig, OptimConfig
 
     class Syncing(HFRolloutEngine):
         def sync_weights(self, policy, step):  # an engine with its own copy of the weights
@@ -341,6 +341,16 @@ def test_tag_plan_decides_from_explicit_facts():
     assert busy == TagPlan(True, True, False, 2, True, True)
     cosine = {**facts, "optim": OptimConfig(lr_schedule="cosine")}
     assert TagPlan.decide(updates_per_batch=1, rollout_engine=HFRolloutEngine(), **cosine).lr_changes
+    # train/clip/dual: off-policy, and a loss that applies the dual clip with a constant set
+    engine = HFRolloutEngine()
+    for updates, loss, dual in [
+        (4, LossConfig(), True),  # ppo, clip_ratio_c 3.0 by default
+        (4, LossConfig(clip_ratio_c=None), False),
+        (4, LossConfig(policy_loss="gspo", clip_ratio_c=None), False),
+        (4, LossConfig(policy_loss="cispo"), False),  # the default 3.0 is accepted, and not applied
+        (1, LossConfig(), False),  # one on-policy update: every ratio is 1
+    ]:
+        assert TagPlan.decide(updates_per_batch=updates, rollout_engine=engine, loss=loss, **facts).dual_clip is dual
 
 
 def test_the_dashboard_logs_the_numbers_the_module_hands_it():
@@ -353,11 +363,11 @@ def test_the_dashboard_logs_the_numbers_the_module_hands_it():
     def log(name, value, **options):
         logged[name] = (float(value), options)
 
-    plan = TagPlan(off_policy=True, lr_changes=True, grouped=True, coefficient_providers=True)
+    plan = TagPlan(off_policy=True, lr_changes=True, grouped=True, coefficient_providers=True, dual_clip=True)
     run = DashboardRun(
         plan=plan, group_size=2, max_new_tokens=3, eos_token_ids=(2,), device=torch.device("cpu"), log=log
     )
-    clip = {"low": torch.tensor(0.25), "high": torch.tensor(0.5), "total": torch.tensor(0.75)}
+    clip = {k: torch.tensor(v) for k, v in {"low": 0.25, "high": 0.5, "total": 0.75, "dual": 0.125}.items()}
     terms = {"pg_loss": -0.5, "grad_norm": 2.0, "approx_kl": 0.01}
     report = StepReport(experience=exp, terms=terms, prompts=2, lr=3e-4, skipped_updates=1, clip=clip)
     TrainDashboard().log_step(run, report)
@@ -367,6 +377,7 @@ def test_the_dashboard_logs_the_numbers_the_module_hands_it():
     assert {k: logged[f"train/clip/{n}"][0] for n, k in (("ratio", "total"), ("low", "low"), ("high", "high"))} == {
         "total": 0.75, "low": 0.25, "high": 0.5,
     }  # fmt: skip
+    assert logged["train/clip/dual"] == (0.125, {"on_step": True, "batch_size": 1})
     assert logged["train/loss/policy"] == (-0.5, {"on_step": True, "batch_size": 2, "sync_dist": True})
     assert logged["train/clip/approx_kl"][0] == pytest.approx(0.01)
     assert logged["train/optim/grad_norm"][0] == 2.0
@@ -384,6 +395,7 @@ def test_the_dashboard_logs_the_numbers_the_module_hands_it():
     assert not {"train/optim/lr", "train/optim/skipped_updates", "train/clip/ratio", "train/loss/entropy_coef"} & set(
         quiet
     )
+    assert "train/clip/dual" not in quiet
 
 
 def test_samples_show_whole_groups_with_reward_and_advantage():

@@ -67,7 +67,12 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
         "response length (tokens)": ["Multiline", [r"train/length/(mean|min|max)$", r"val/length/mean$"]],
         "clipped, masked and truncated fractions": [
             "Multiline",
-            [r"train/clip/(ratio|low|high|dual)$", r"train/mask/.*", r"train/[^/]+/frac$", r"train/length/truncated_frac$"],
+            [
+                r"train/clip/(ratio|low|high|dual)$",
+                r"train/mask/.*",
+                r"train/[^/]+/frac$",
+                r"train/length/truncated_frac$",
+            ],
         ],
         "generated tokens per second": ["Multiline", [r"perf/tokens_per_s$"]],
     },

@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     points = sum(len(scalars["base"][tag]) for tag in result["equal"] + result["differ"])
     print(f"base {commits['base'][:10]} ({args.base}), head {commits['head'][:10]} ({args.head}), {args.steps} steps")
     print(f"{len(result['equal'])} train/* tags identical, {len(result['differ'])} differ ({points} values compared)")
+    print(f"identical: {', '.join(result['equal'])}")
     for tag in result["differ"]:
         pairs = [(a, b) for a, b in zip(scalars["base"][tag], scalars["head"][tag], strict=False) if a != b]
         first = f"base {pairs[0][0]} head {pairs[0][1]}" if pairs else "logged at other steps"

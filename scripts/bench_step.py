@@ -616,9 +616,19 @@ def hashed_coin_reward(completions: list[str], answers: list[str]) -> list[float
 
 
 def build_realistic_model(
-    out: Path, *, vocab_size: int = QWEN_VOCAB, hidden_size: int = 256, num_layers: int = 2, seed: int = 0
+    out: Path,
+    *,
+    vocab_size: int = QWEN_VOCAB,
+    hidden_size: int = 256,
+    num_layers: int = 2,
+    intermediate_size: int | None = None,
+    num_kv_heads: int | None = None,
+    seed: int = 0,
 ) -> Path:
     """Save a random Qwen2 (head_dim 64, tied head) and a character tokenizer covering ``vocab_size`` to ``out``.
+
+    ``intermediate_size`` defaults to ``4 * hidden_size`` and ``num_kv_heads`` to half the ``hidden_size / 64``
+    attention heads; Qwen2.5-0.5B's shape is hidden 896, intermediate 4864, 2 kv heads (14 heads), 24 layers.
 
     Ids 0-3 are the special tokens and the arithmetic alphabet follows (as the shipped tiny model's), then
     filler tokens ``<f{i}>`` up to ``vocab_size``; prompts are therefore tokenized exactly as with the tiny model.
@@ -631,13 +641,16 @@ def build_realistic_model(
         raise ValueError(f"--hidden-size must be a positive multiple of 64 (head_dim 64), got {hidden_size}")
     tokenizer = build_char_tokenizer(model_max_length=1024, vocab_size=vocab_size)
     heads = hidden_size // 64
+    kv_heads = num_kv_heads or max(1, heads // 2)
+    if heads % kv_heads:
+        raise ValueError(f"--num-kv-heads must divide the {heads} attention heads, got {kv_heads}")
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=4 * hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
+        num_key_value_heads=kv_heads,
         head_dim=64,
         max_position_embeddings=1024,  # room for prompts + 512 new tokens
         tie_word_embeddings=True,
@@ -652,6 +665,21 @@ def build_realistic_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def model_shape(model_dir: Path) -> str:
+    """One line of a saved model's shape and parameter count (tied weights counted once)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    tied = "tied head" if config.tie_word_embeddings else "untied head"
+    return (
+        f"vocab {config.vocab_size}, hidden {config.hidden_size}, {config.num_hidden_layers} layers, intermediate "
+        f"{config.intermediate_size}, {config.num_attention_heads} heads / {config.num_key_value_heads} kv heads, "
+        f"head_dim {config.head_dim}, {tied}; {count:,} parameters ({count * 4 / 2**20:.0f} MiB fp32)"
+    )
 
 
 def _rss_peak_mib() -> float:
@@ -834,8 +862,11 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
                 vocab_size=args.vocab_size,
                 hidden_size=args.hidden_size,
                 num_layers=args.num_layers,
+                intermediate_size=args.intermediate_size,
+                num_kv_heads=args.num_kv_heads,
             )
         )
+        shape = model_shape(model_dir)
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(args.rounds):
             order = sides[r % len(sides) :] + sides[: r % len(sides)]
@@ -878,8 +909,7 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
             f"{rows} rows spends {100 * waste:.0f}% of its decode slots on rows that already ended"
         )
     print(
-        f"realistic shape: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.num_layers} layers, head_dim 64, "
-        "tied head, "
+        f"realistic shape: {shape}, "
         f"fp32 CPU; {args.batch_size} prompts x group {args.group_size}, {args.max_new_tokens} new tokens; "
         f"token budget {args.token_budget} (grpo_budget / grpo_packed); "
         f"rounds={args.rounds}, "
@@ -973,6 +1003,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
+    p.add_argument("--intermediate-size", type=int, default=None, help="--realistic: MLP width (default 4 x hidden)")
+    p.add_argument("--num-kv-heads", type=int, default=None, help="--realistic: key/value heads (default heads / 2)")
     p.add_argument("--worker", default=None, choices=list(REALISTIC_SIDES) + list(VLLM_SIDES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("steps", "threads", "rounds", "runs"):

@@ -168,6 +168,22 @@ def test_realistic_summary_against_hand_computed_figures(bench):
     assert "| clip_v | wall | +10.0% / +20.0% |" in bench.format_realistic(out)
 
 
+def test_realistic_model_shape_and_parameter_count(bench, tmp_path):
+    out = bench.build_realistic_model(
+        tmp_path / "m", vocab_size=300, hidden_size=128, num_layers=2, intermediate_size=200, num_kv_heads=1
+    )
+    # By hand: tied embedding; per layer q (128x128 + bias), k and v (64x128 + bias: one kv head of 64), o (128x128),
+    # gate/up/down (3 x 128x200), two RMSNorms; the final RMSNorm.
+    layer = (128 * 128 + 128) + 2 * (64 * 128 + 64) + 128 * 128 + 3 * 128 * 200 + 2 * 128
+    count = 300 * 128 + 2 * layer + 128
+    assert bench.model_shape(out) == (
+        "vocab 300, hidden 128, 2 layers, intermediate 200, 2 heads / 1 kv heads, head_dim 64, tied head; "
+        f"{count:,} parameters ({count * 4 / 2**20:.0f} MiB fp32)"
+    )
+    with pytest.raises(ValueError, match="--num-kv-heads must divide the 2 attention heads, got 3"):
+        bench.build_realistic_model(tmp_path / "bad", vocab_size=300, hidden_size=128, num_kv_heads=3)
+
+
 @pytest.mark.slow
 def test_realistic_flag_runs_every_lit_side_in_its_own_process(bench, tmp_path, capsys):
     out_json = tmp_path / "realistic.json"

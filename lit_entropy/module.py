@@ -123,12 +123,11 @@ class RFTModule(LightningModule):
         # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
         self.policy = self.ref_model = self.critic = self.value_head = None
         self.tokenizer: Any = None
-        update, evaluation = self.settings.update, self.settings.evaluation
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
         self.clip_fractions = LossClipFractions()  # the loss's own clip rule, over one step's updates
-        self.evaluator = SampleEvaluator(evaluation.pass_ks(), self.settings.reward.correct_threshold)
-        self.skipped_updates = SkippedUpdates(update.max_consecutive_skips)
+        self.evaluator = SampleEvaluator(self.settings.evaluation.pass_ks(), self.settings.reward.correct_threshold)
+        self.skipped_updates = SkippedUpdates(self.settings.update.max_consecutive_skips)
         self.dynamic_sampling = DynamicSampling(self.settings, rank_zero_warn)  # model.sampling.filter_groups
         self.export_path: str | None = None
         self._own_callbacks: list[Any] | None = None
@@ -176,8 +175,9 @@ class RFTModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.parameters() if p.requires_grad]
-        total_steps = int(self.trainer.estimated_stepping_batches) * self.updates_per_rollout_batch()
-        return build_optimizer(params, self.settings.optim, total_steps)
+        trainer, horizon = self.trainer, self.dynamic_sampling.lr_horizon  # in optimizer steps, as trainer.max_steps
+        total = horizon(trainer.estimated_stepping_batches, self.updates_per_rollout_batch(), trainer.max_steps)
+        return build_optimizer(params, self.settings.optim, total)
 
     def configure_callbacks(self) -> list[Any]:
         """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; the CUSTOM SCALARS overview;

@@ -4,14 +4,24 @@ the ``train/filter/*`` tags, against a reference computed by hand from the promp
 from __future__ import annotations
 
 import io
+import warnings
 
+import pytest
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import Logger
 
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.reporting.console import ConsoleMetrics
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, PolicyConfig, RewardConfig, TrainingSamplingConfig
+from lit_entropy.settings import (
+    EvaluationConfig,
+    LoggingConfig,
+    OptimConfig,
+    PolicyConfig,
+    RewardConfig,
+    TrainingSamplingConfig,
+    UpdateConfig,
+)
 
 BATCH, BATCHES, MAX_GEN = 4, 10, 2
 
@@ -77,25 +87,36 @@ def _reference(batches: list[list[str]]) -> list[dict]:
     return out
 
 
-def _fit(tiny_model_dir, **trainer_options):
+class LearningRates(TrainedAnswers):
+    """Also records the learning rate of every optimizer step."""
+
+    lrs: list[float]
+
+    def clip_and_step(self, optimizer, finite_loss=True):
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+        return super().clip_and_step(optimizer, finite_loss)
+
+
+def _fit(tiny_model_dir, module_options=None, **trainer_options):
     seed_everything(0)
-    module = TrainedAnswers(
+    module = LearningRates(
         PolicyConfig(tiny_model_dir),
         sampling=TrainingSamplingConfig(num_samples=2, max_new_tokens=2, filter_groups=True, max_gen_batches=MAX_GEN),
         reward=RewardConfig(correct_threshold=1.0),
         evaluation=EvaluationConfig(num_samples=2),
         logging=LoggingConfig(export_on_train_end=False),
+        **(module_options or {}),
     )
-    module.trained = []
+    module.trained, module.lrs = [], []
     module.reward_fn = odd_answer_reward
     data = PromptDataModule(
         tokenizer_name_or_path=tiny_model_dir, batch_size=BATCH, num_train_examples=64, shuffle=False
     )
     recorder = Recorder()
-    options = dict(logger=False, callbacks=[])
+    options = dict(logger=False, callbacks=[], max_epochs=1)
     options.update(trainer_options)
     trainer = Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0,
+        accelerator="cpu", limit_train_batches=BATCHES, limit_val_batches=0,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         **{**options, "callbacks": [recorder, *options["callbacks"]]},
     )  # fmt: skip
@@ -139,3 +160,26 @@ def test_training_scalars_are_written_only_at_the_batches_that_updated(tiny_mode
             assert {"train/reward/mean", "train/filter/gen_batches"} <= keys
     printed = [int(line.split(" | ")[0].split()[1]) for line in stream.getvalue().splitlines() if "reward" in line]
     assert printed == updated
+
+
+def test_the_lr_schedule_counts_optimizer_updates_and_decays_over_max_steps(tiny_model_dir):
+    """Warm-up and decay advance once per optimizer step (generation batches without an update leave them), and
+    ``trainer.max_steps``, which counts optimizer steps, sizes the decay: two updates per fill (update.epochs 2),
+    warm-up 2, linear decay, max_steps 6: the documented multipliers (k+1)/2, then 1 - (k-2)/(6-2)."""
+    base, steps, warmup = 1e-3, 6, 2
+    options = dict(optim=OptimConfig(lr=base, warmup_steps=warmup, lr_schedule="linear"), update=UpdateConfig(epochs=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # max_steps sizes the schedule: no warning
+        warnings.filterwarnings("ignore", message=".*(max_gen_batches|LeafSpec|num_workers).*")
+        module, _, recorder = _fit(tiny_model_dir, module_options=options, max_steps=steps)
+    expected = [base * ((k + 1) / warmup if k < warmup else 1 - (k - warmup) / (steps - warmup)) for k in range(steps)]
+    assert module.lrs == pytest.approx(expected)
+    updated = [fill["batch"] for fill in _reference([row["answers"] for row in recorder.rows]) if fill["trained"]]
+    assert len(recorder.rows) == updated[steps // 2 - 1] + 1 > steps // 2  # batches without an update in between
+
+
+def test_a_decaying_schedule_without_max_steps_warns_that_it_stops_short(tiny_model_dir):
+    options = dict(optim=OptimConfig(lr_schedule="cosine"))
+    with pytest.warns(UserWarning, match=r"spans 10 optimizer steps .* set trainer.max_steps"):
+        module, _, _ = _fit(tiny_model_dir, module_options=options)
+    assert 0 < len(module.lrs) < 10  # fewer updates than generation batches: the cosine did not reach its end

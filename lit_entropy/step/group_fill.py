@@ -21,6 +21,7 @@ from torch import Tensor
 from lit_entropy.distributed.collectives import all_gather_equal, all_gather_objects, is_distributed
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
+from lit_entropy.step.schedule import schedule_horizon
 
 __all__ = [
     "DynamicSampling",
@@ -282,6 +283,7 @@ class DynamicSampling:
         sampling = settings.sampling
         self.enabled, self.max_gen_batches = sampling.filter_groups, sampling.max_gen_batches
         self.correct_threshold, self.warn = settings.reward.correct_threshold, warn
+        self.decaying_lr = settings.optim.lr_schedule != "constant"
         self.fill = GroupFill()
         self.last: FillStep | None = None  # the step that finished the fill of the latest update
 
@@ -305,6 +307,23 @@ class DynamicSampling:
             return None
         self.last = step
         return step.fill.take(step.train_groups, pad_token_id, rewards.device)
+
+    def lr_horizon(self, stepping_batches: float, updates_per_batch: int, max_steps: int) -> int:
+        """The LR schedule's length in optimizer steps (:func:`~lit_entropy.step.schedule.schedule_horizon`).
+
+        The schedule advances once per optimizer step, so generation batches without an update leave it where it
+        is; but how many updates a filtering run makes is known only afterwards. A decaying schedule is then sized
+        for one update per generation batch and stops short of its end, unless ``max_steps`` (which counts
+        optimizer steps) says how many updates to train: without it, a warning.
+        """
+        horizon = schedule_horizon(stepping_batches, updates_per_batch, max_steps)
+        if self.enabled and self.decaying_lr and max_steps < 0:
+            self.warn(
+                "lit_entropy: model.sampling.filter_groups: the number of updates is known only afterwards, so the "
+                f"decaying model.optim.lr_schedule spans {horizon} optimizer steps (one update per generation batch) "
+                "and stops short of its end; set trainer.max_steps (it counts optimizer steps) to size it"
+            )
+        return horizon
 
     def commit(self) -> None:
         """End of a step that updated: the next fill starts empty."""

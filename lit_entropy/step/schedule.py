@@ -16,6 +16,7 @@ __all__ = [
     "clip_grad_norm_and_agree",
     "lr_multiplier",
     "row_slices",
+    "schedule_horizon",
     "single_update",
     "updates_per_batch",
 ]
@@ -53,6 +54,21 @@ def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int) -> Callabl
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def schedule_horizon(stepping_batches: float, updates_per_batch: int, max_steps: int) -> int:
+    """Optimizer steps the LR schedule decays over: ``updates_per_batch`` per rollout batch, at most ``max_steps``.
+
+    Args:
+        stepping_batches: Lightning's ``trainer.estimated_stepping_batches``: the run's training batches, already
+            capped by ``max_steps``.
+        updates_per_batch: optimizer steps per rollout batch (:func:`updates_per_batch`).
+        max_steps: ``trainer.max_steps`` (-1 = none). Under manual optimization it counts optimizer steps, not
+            batches, so the batches capped by it, times ``updates_per_batch``, would be too long a schedule;
+            capping the product again is exact: ``min(batches * U, max_steps)``.
+    """
+    steps = stepping_batches * updates_per_batch
+    return max(1, int(min(steps, max_steps) if max_steps >= 0 else steps))
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, total_steps: int) -> dict[str, Any]:

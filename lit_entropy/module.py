@@ -404,8 +404,8 @@ class RFTModule(LightningModule):
             fill=self.dynamic_sampling.last,
         )  # fmt: skip
         self.dashboard.log_step(run, report)
-        every = self.settings.logging.log_samples_every_n_steps
-        if every and batch_idx % every == 0 and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
+        due = self.dynamic_sampling.samples_due(batch_idx, self.settings.logging.log_samples_every_n_steps)
+        if due and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
             n, step = self.settings.logging.num_logged_samples, logger_step(self.trainer)
             log_samples(self.logger.experiment, step, experience, batch, completions, n)
 

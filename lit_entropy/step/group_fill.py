@@ -325,6 +325,14 @@ class DynamicSampling:
             )
         return horizon
 
+    def samples_due(self, batch_idx: int, every: int) -> bool:
+        """Whether the update at generation batch ``batch_idx`` logs samples, every ``every`` generation batches (0:
+        never): when its fill drew one of the batches ``batch_idx`` is a multiple of ``every`` at (without filtering
+        the update's own batch). An update that spans several generation batches would otherwise log samples only
+        when the batch that ends its fill happens to fall on such a multiple."""
+        drawn = self.last.fill.gen_batches if self.enabled and self.last is not None else 1
+        return bool(every) and any((batch_idx - back) % every == 0 for back in range(drawn))
+
     def commit(self) -> None:
         """End of a step that updated: the next fill starts empty."""
         self.fill = GroupFill()

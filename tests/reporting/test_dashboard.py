@@ -137,6 +137,7 @@ def time_series_groups(tags: list[str]) -> list[tuple[str, list[str]]]:
     [
         ("grpo_tiny.yaml", {"always", "grouped", "samples", "engine log-probs"}),
         ("clip_b_tiny.yaml", {"always", "grouped", "samples", "mask callback", "entropy clipping", "engine log-probs"}),
+        ("dapo_tiny.yaml", {"always", "grouped", "samples", "engine log-probs", "dynamic sampling"}),
     ],
 )
 def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monkeypatch, capsys):
@@ -169,13 +170,25 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
             )
 
     train_steps = [step for step, _ in run["scalars"]["train/reward/mean"]]
-    assert train_steps == [0, 1, 2, 3]
-    # Samples and histograms every 2 batches, at the steps of those batches' scalars.
-    assert run["histograms"]["train/entropy/tokens"] == [0, 2]
-    assert run["texts"]["train/samples/text_summary"] == [0, 2]
+    sampled = [0, 2]  # samples and histograms every 2 batches, at the steps of those batches' scalars
+    if "dynamic sampling" in conditions:  # an update's scalars only at the batch that ended its fill
+        drawn = {step: int(value) for step, value in run["scalars"]["train/filter/gen_batches"]}
+        assert train_steps and list(drawn) == train_steps
+        assert [drawn[step] for step in train_steps] == [
+            b - a for a, b in zip([-1, *train_steps[:-1]], train_steps, strict=True)
+        ]
+        for tag, points in run["scalars"].items():
+            if tag.startswith("train/"):
+                assert [step for step, _ in points] == train_steps, tag
+        # an update logs samples when its fill drew a batch at a multiple of 2
+        sampled = [step for step in train_steps if any((step - back) % 2 == 0 for back in range(drawn[step]))]
+    else:
+        assert train_steps == [0, 1, 2, 3]
+    assert run["histograms"]["train/entropy/tokens"] == sampled
+    assert run["texts"]["train/samples/text_summary"] == sampled
 
     check_first_screen(run, masking="mask callback" in conditions)
-    check_method_hparams(run, clip_b="entropy clipping" in conditions)
+    check_method_hparams(run, clip_b="entropy clipping" in conditions, name=config.removesuffix(".yaml"))
     check_samples_order(run["tables"])
     assert "hp_metric" not in run["scalars"]  # no placeholder metric (default_hp_metric: false)
 
@@ -183,13 +196,16 @@ def test_a_short_fit_logs_exactly_readme_tags(config, conditions, tmp_path, monk
     # on the step it was logged at (before training: 0; after 2 and 4 batches: 2 and 4, the last on its own line).
     val_steps = [step for step, _ in run["scalars"]["val/avg@8"]]
     assert val_steps == [0, 2, 4]
+    # A batch that logged neither (dynamic sampling: no update) prints no line.
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert [line.split(" | ")[0] for line in lines] == ["step 0", "step 1", "step 2", "step 3", "step 4"]
-    assert [i for i, line in enumerate(lines) if "val/avg@8" in line] == val_steps
+    printed = sorted({*train_steps, *val_steps})
+    assert [line.split(" | ")[0] for line in lines] == [f"step {step}" for step in printed]
+    assert [step for step, line in zip(printed, lines, strict=True) if "val/avg@8" in line] == val_steps
     values = dict(run["scalars"]["val/avg@8"])
     for step in val_steps:
-        assert f"val/avg@8 {values[step]:.3f}" in lines[step]
-    assert all("reward" in line and "s/step" in line for line in lines[:4]) and "reward" not in lines[4]
+        assert f"val/avg@8 {values[step]:.3f}" in lines[printed.index(step)]
+    for step, line in zip(printed, lines, strict=True):
+        assert ("reward" in line) == (step in train_steps) and ("s/step" in line or step not in train_steps)
 
 
 def check_first_screen(run: dict, masking: bool) -> None:
@@ -224,7 +240,7 @@ def check_first_screen(run: dict, masking: bool) -> None:
             assert any(re.fullmatch(p, tag) for p in patterns for tag in scalars), (chart.title, patterns)
 
 
-def check_method_hparams(run: dict, clip_b: bool) -> None:
+def check_method_hparams(run: dict, clip_b: bool, name: str) -> None:
     """HPARAMS: one session per run, named readably, with the model's groups but logging, the data settings but
     plumbing, and the callback's effective arguments; no experiment summary (TensorBoard would read one run's)."""
     import inspect
@@ -235,7 +251,7 @@ def check_method_hparams(run: dict, clip_b: bool) -> None:
     assert run["hparams"] is None, "an experiment summary hides other runs' columns"
     session = run["session"]
     assert session is not None, "no HPARAMS session"
-    assert session.group_name == ("clip_b_tiny v0" if clip_b else "grpo_tiny v0")
+    assert session.group_name == f"{name} v0"  # the config's logger name
     names = set(session.hparams)
     model_groups = set(inspect.signature(RFTModule.__init__).parameters) - {"self", "rollout", "logging"}
     assert {n.split("/")[1] for n in names if n.startswith("model/")} == model_groups

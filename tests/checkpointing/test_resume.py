@@ -53,6 +53,18 @@ class Recorder(Callback):
         self.rows[batch_idx + 1]["log_step"] = float(logger_step(trainer))
 
 
+class StopAfter(Callback):
+    """Stops the fit at the end of batch ``batches`` (a stop that, unlike ``max_steps``, leaves the LR schedule
+    sized for the whole run: ``max_steps`` counts optimizer steps and is the schedule's horizon when set)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx + 1 == self.batches:
+            trainer.should_stop = True
+
+
 def _module(model_dir: str, **extra) -> RFTModule:
     settings = dict(
         sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
@@ -116,7 +128,7 @@ def test_stop_after_k_steps_and_resume_equals_the_uninterrupted_run(tiny_model_d
 
     # Stop after k batches; the periodic checkpoint is written at the end of batch k (on_train_batch_end).
     every = ModelCheckpoint(tmp_path / "a", filename="stopped", every_n_train_steps=STOP_AFTER * UPDATES_PER_BATCH)
-    _, _, first = _fit(tiny_model_dir, tmp_path / "a", max_steps=STOP_AFTER * UPDATES_PER_BATCH, callbacks=[every])
+    _, _, first = _fit(tiny_model_dir, tmp_path / "a", callbacks=[every, StopAfter(STOP_AFTER)])
     assert sorted(first.rows) == list(range(1, STOP_AFTER + 1))
     assert first.rows[STOP_AFTER] == pytest.approx(reference[STOP_AFTER])
     ckpt = tmp_path / "a" / "stopped.ckpt"
@@ -435,7 +447,7 @@ def test_lora_checkpoint_holds_adapters_and_resumes_exactly(tiny_model_dir, tmp_
     assert any(row["train/loss/kl"] > 0 for row in reference.values())  # the adapters-off reference is in use
     every = ModelCheckpoint(tmp_path / "a", filename="stopped", every_n_train_steps=STOP_AFTER * UPDATES_PER_BATCH)
     module = _lora_module(tiny_model_dir)
-    _fit(tiny_model_dir, tmp_path / "a", max_steps=STOP_AFTER * UPDATES_PER_BATCH, callbacks=[every], module=module)
+    _fit(tiny_model_dir, tmp_path / "a", callbacks=[every, StopAfter(STOP_AFTER)], module=module)
     checkpoint = torch.load(tmp_path / "a" / "stopped.ckpt", weights_only=True)
     adapters = {f"policy.{k}" for k, p in module.policy.named_parameters() if p.requires_grad}
     assert set(checkpoint["state_dict"]) == adapters  # not the frozen base

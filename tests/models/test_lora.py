@@ -209,6 +209,11 @@ def test_fit_trains_the_adapters_only_and_exports_a_peft_adapter(tiny_model_dir,
     optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert optimized == {id(p) for p in module.parameters() if p.requires_grad}
     assert optimized == {id(p) for n, p in module.policy.named_parameters() if "lora_" in n}
+    # Memory (issue 25): after training (KL passes with the adapters switched off included) the frozen base still
+    # has no gradient and does not require one, and AdamW holds state for the adapters only.
+    frozen = [p for n, p in module.policy.named_parameters() if "lora_" not in n]
+    assert frozen and all(not p.requires_grad and p.grad is None for p in frozen)
+    assert set(map(id, trainer.optimizers[0].state)) == optimized
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     state = module.policy.state_dict()
     for key, value in base.state_dict().items():  # the frozen base did not move

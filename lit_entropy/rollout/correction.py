@@ -36,8 +36,9 @@ class RolloutCorrectionConfig:
     kept_set_logprobs: bool = False
     """Compare the engine's log-probs with the trainer's renormalised over the set top-k / top-p keep (the engines
     report log-probs of that truncated distribution, the trainer's are of the full softmax: without this, weights
-    and ``train/rollout/*`` include ``log`` of the kept mass). Costs one more full-logits forward per batch when
-    ``model.sampling.top_p < 1`` or ``top_k > 0``; works with the correction off too (metrics only)."""
+    and ``train/rollout/*`` include ``log`` of the kept mass). Costs one more forward per batch when
+    ``model.sampling.top_p < 1`` or ``top_k > 0`` (its LM head runs on the response tokens only, in chunks of
+    ``model.policy.logprob_chunk_size``); works with the correction off too (metrics only)."""
 
     def __post_init__(self) -> None:
         prefix = "model.rollout_correction."

@@ -3,12 +3,16 @@ distribution it sampled from; renormalising the trainer's over the same kept set
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from lit_entropy.functional.rollout_correction import mismatch_metrics
-from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
-from lit_entropy.settings import RFTSettings, RolloutCorrectionConfig
+from lit_entropy.rollout import HFRolloutEngine, RolloutBatch, SamplingConfig
+from lit_entropy.settings import PolicyConfig, RFTSettings, RolloutCorrectionConfig
 from lit_entropy.step import RolloutStatistics, build_experience, response_forward
 from lit_entropy.step.kept_set import kept_set_log_mass
 
@@ -38,3 +42,115 @@ def test_the_kept_set_removes_the_top_p_mismatch_on_the_hf_engine(tiny_model_dir
     assert metrics[False]["kl_k1"] > 0.05 and metrics[False]["ppl_ratio"] < 0.95
     assert abs(metrics[True]["kl_k1"]) < 1e-5 and metrics[True]["kl_k3"] < 1e-8
     assert metrics[True]["ppl_ratio"] == pytest.approx(1.0, abs=1e-5) and metrics[True]["ess"] > 1 - 1e-8
+
+
+def _tied_rollout_model(tiny_model_dir):
+    """The tiny Qwen2 with LM-head rows 10..15 zeroed (their logits are exactly 0 everywhere: ties that top-k's
+    k-th score falls on) and a rollout of 4 rows with mixed prompt and response lengths (P = 5, T = 7)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        model.lm_head.weight[10:16] = 0.0  # tied with the input embeddings; no input below uses these ids
+    gen = torch.Generator().manual_seed(3)
+    sequences = torch.randint(2, 10, (4, 12), generator=gen)
+    prompt_pad = torch.tensor([0, 2, 1, 4])
+    response_len = torch.tensor([7, 3, 5, 1])
+    positions = torch.arange(12)
+    attention = (positions >= prompt_pad[:, None]) & (positions < 5 + response_len[:, None])
+    sequences = sequences.masked_fill(~attention, 0)
+    rollout = RolloutBatch(
+        sequences=sequences,
+        attention_mask=attention.long(),
+        response_mask=attention[:, 5:],
+        rollout_logprobs=torch.zeros(4, 7),
+    )
+    return model, rollout
+
+
+def _reference_kept_log_mass(model, rollout, temperature, top_k, top_p):
+    """Brute force in float64 from the model's own full logits: the top-k set (ties at the k-th score kept), then
+    top-p on the top-k-renormalised distribution (ascending order, drop cumulative <= 1 - top_p, keep the best),
+    the log of the full softmax's mass on what is left; also the largest top-k set (to show the ties mattered)."""
+    attention = rollout.attention_mask
+    with torch.no_grad():
+        logits = model(
+            input_ids=rollout.sequences,
+            attention_mask=attention,
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+            use_cache=False,
+        ).logits
+    prompt, mask = rollout.prompt_length, rollout.response_mask
+    ref, widest = torch.zeros(mask.shape, dtype=torch.float64), 0
+    for i, t in mask.nonzero().tolist():
+        scores = logits[i, prompt - 1 + t].double() / temperature
+        p = scores.softmax(-1)
+        keep = torch.ones_like(scores, dtype=torch.bool)
+        if 0 < top_k < scores.numel():
+            kth = sorted(scores.tolist(), reverse=True)[top_k - 1]
+            keep = scores >= kth
+            widest = max(widest, int(keep.sum()))
+        if top_p < 1.0:
+            kept_ids = [j for j in range(scores.numel()) if keep[j]]
+            q = {j: p[j].item() / p[keep].sum().item() for j in kept_ids}
+            ascending, cumulative = sorted(kept_ids, key=lambda j: q[j]), 0.0
+            for rank, j in enumerate(ascending):
+                cumulative += q[j]
+                if cumulative <= 1.0 - top_p and rank < len(ascending) - 1:
+                    keep[j] = False
+        ref[i, t] = math.log(p[keep].sum().item())
+    return ref, widest
+
+
+@pytest.mark.parametrize("blockwise", [True, False])
+@pytest.mark.parametrize(("top_k", "top_p"), [(8, 1.0), (0, 0.6), (8, 0.8)])
+def test_kept_set_log_mass_matches_a_float64_brute_force(tiny_model_dir, top_k, top_p, blockwise):
+    model, rollout = _tied_rollout_model(tiny_model_dir)
+    sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=top_p, top_k=top_k, max_new_tokens=7)
+    settings = RFTSettings.build(
+        sampling=sampling,
+        rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+        policy=PolicyConfig(logprob_chunk_size=3, blockwise_lm_head=blockwise),
+    )
+    got = kept_set_log_mass(model, rollout, settings)
+    ref, widest = _reference_kept_log_mass(model, rollout, 0.7, top_k, top_p)
+    assert got.dtype == torch.float32 and got.shape == rollout.response_mask.shape
+    assert torch.equal(got[~rollout.response_mask], torch.zeros(int((~rollout.response_mask).sum())))
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-6)
+    assert (ref[rollout.response_mask] < -1e-3).all()  # every position loses mass to the filter
+    if top_k:
+        assert widest > top_k  # a k-th score tied with the zeroed tokens' 0 kept more than k tokens
+
+
+class _LargestVocabTensor(TorchDispatchMode):
+    """Records the most elements of any newly allocated tensor (sharing no input's storage: no view, no ``out=``
+    argument) whose last dimension is the vocabulary, over every aten op run inside the mode."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.largest = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = tree_flatten((args, kwargs))[0]
+        storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == self.vocab:
+                if t.untyped_storage().data_ptr() not in storages:
+                    self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_kept_set_log_mass_holds_one_chunk_of_vocabulary_sized_tensors(tiny_model_dir):
+    model, rollout = _tied_rollout_model(tiny_model_dir)
+    vocab, rows = model.config.vocab_size, 3
+    sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=0.6, top_k=8, max_new_tokens=7)
+    settings = RFTSettings.build(
+        sampling=sampling,
+        rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+        policy=PolicyConfig(logprob_chunk_size=rows),
+    )
+    assert rollout.response_mask.sum() > rows  # several chunks; the old full-logits pass held all 4 x 7 rows
+    with _LargestVocabTensor(vocab) as seen:
+        kept_set_log_mass(model, rollout, settings)
+    assert 0 < seen.largest <= rows * vocab

@@ -29,8 +29,8 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
     One more forward of ``model`` over the rows (no graph). As in :func:`~lit_entropy.step.response_forward`, a
     plain linear LM head (and ``model.policy.blockwise_lm_head``) keeps the forward's logits out: the head runs
     on the final hidden states of the response tokens only, ``model.policy.logprob_chunk_size`` tokens at a time
-    (None: :func:`~lit_entropy.functional.default_chunk_rows`), into one reused buffer. Otherwise (a wrapped head,
-    logit scaling or soft-capping) the model's own response logits are reduced in the same chunks.
+    (None: :func:`~lit_entropy.functional.entropy.default_chunk_rows`), into one reused buffer. Otherwise (a
+    wrapped head, logit scaling or soft-capping) the model's own response logits are reduced in the same chunks.
     """
     sampling = settings.sampling
     filtered = sampling.top_k > 0 or sampling.top_p < 1.0

@@ -66,6 +66,7 @@ def test_profile_tiny_run_prints_the_split(capsys):
                         "--max-new-tokens", "40", "--repeats", "1"])  # fmt: skip
     assert set(out) == {"padded", "packed", "vocabulary", "optimizer", "ratio"}
     assert all(value >= 0 for value in out.values())
+    # one measured batch: the medians are that batch's values
     assert out["ratio"] == pytest.approx((out["packed"] + out["optimizer"]) / (out["padded"] + out["optimizer"]))
     printed = capsys.readouterr().out
     transformer = re.search(r"\| transformer forward \+ backward \| (-?[\d.]+) \| (-?[\d.]+) \|", printed)

@@ -11,10 +11,14 @@ pass@k = 1 - (1 - p)^k exactly. Per run it writes ``<exp>/per_run/<run>/{eval.cs
     python scripts/forking_sod.py --status                       # which runs are done, which remain
     nice -n 19 python scripts/forking_sod.py --run               # run what remains (resumable; several workers ok)
     python scripts/forking_sod.py --analyze --update-readme      # tables, verdict, README block
+    python scripts/forking_sod.py --experiment sod_clipv --status  # the Clip_V amendment (likewise --run, ...)
 
-Arms: ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every step, as many random A < 0 tokens as the Clip_B
-run of the same seed masked at that step: needs that run first); ``replay_role`` (the same count per token
-role); ``grpo_null`` (GRPO with another data-order seed: the null calibration).
+Arms of ``--experiment sod`` (the default, experiment C): ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every
+step, as many random A < 0 tokens as the Clip_B run of the same seed masked at that step: needs that run first);
+``replay_role`` (the same count per token role); ``grpo_null`` (GRPO with another data-order seed: the null
+calibration). ``--experiment sod_clipv`` (``experiments/sod_clipv/PREREGISTRATION.md``): ``grpo``, ``clip_v``
+(mu 8.5, cap 1e-4), ``clip_v_rescaled`` (mu 8.5, cap 0.072) and ``clip_b``, run under their own commit.
+Experiments and arms are defined in ``forking_sod_design.py``.
 """
 
 from __future__ import annotations
@@ -33,25 +37,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
+from forking_sod_design import EXPERIMENTS, Experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXP = ROOT / "scripts" / "forking" / "experiments" / "sod"
+EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
+#: The task's base model and data (``model/``, ``data/``), shared by every experiment on the task; also the
+#: results directory of experiment C.
+EXP = EXPERIMENTS_DIR / "sod"
 CONFIGS = ROOT / "configs" / "forking"
-#: Arm -> method overlay on configs/forking/base.yaml + sod.yaml.
-ARMS = {
-    "grpo": "grpo.yaml",
-    "clip_b": "clip_b.yaml",
-    "replay_mask": "grpo.yaml",
-    "replay_role": "grpo.yaml",
-    "grpo_null": "grpo.yaml",
-}
-PRIMARY_ARMS = ("grpo", "clip_b", "replay_mask")
-SEEDS = (0, 1, 2, 3, 4, 5, 6, 7)
+#: Arm -> method overlay on configs/forking/base.yaml + sod.yaml, of experiment C (the default).
+ARMS = EXPERIMENTS["sod"].arms
+SEEDS = EXPERIMENTS["sod"].seeds
 STEPS = 400
 EVAL_EVERY = 40
 NULL_DATA_SEED_OFFSET = 1000
 #: Paths whose last commit is the code revision a run records (results commits do not change it).
-CODE_PATHS = ("lit_entropy", "configs/forking", "scripts/forking_sod.py", "scripts/forking_controls.py")
+CODE_PATHS = (
+    "lit_entropy",
+    "configs/forking",
+    "scripts/forking_sod.py",
+    "scripts/forking_sod_design.py",
+    "scripts/forking_controls.py",
+)
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -75,7 +82,7 @@ def code_revision() -> str:
     return rev + ("+dirty" if dirty else "")
 
 
-def cli_args(arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
+def cli_args(arm: str, seed: int, steps: int, run_dir: Path, arms: dict[str, str] = ARMS) -> list[str]:
     data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
     return [
         "--config",
@@ -83,7 +90,7 @@ def cli_args(arm: str, seed: int, steps: int, run_dir: Path) -> list[str]:
         "--config",
         str(CONFIGS / "sod.yaml"),
         "--config",
-        str(CONFIGS / ARMS[arm]),
+        str(CONFIGS / arms[arm]),
         f"--seed_everything={seed}",
         f"--trainer.max_steps={steps}",
         f"--data.seed={data_seed}",
@@ -151,12 +158,15 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def train_one(arm: str, seed: int, steps: int, eval_every: int, exp: Path) -> None:
+def train_one(
+    arm: str, seed: int, steps: int, eval_every: int, exp: Path, design: Experiment = EXPERIMENTS["sod"]
+) -> None:
     from lit_entropy.cli import cli_main
 
     run_dir = exp / "per_run" / run_name(arm, seed)
-    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / run_name(arm, seed)
-    cli = cli_main(args=cli_args(arm, seed, steps, scratch), run=False)
+    # Named by experiment too: two experiments' runs of one arm and seed may go side by side.
+    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / f"{exp.name}__{run_name(arm, seed)}"
+    cli = cli_main(args=cli_args(arm, seed, steps, scratch, design.arms), run=False)
     eval_rows: list[dict[str, Any]] = []
 
     def on_step(step: int, pl_module: Any) -> None:
@@ -192,9 +202,11 @@ def train_one(arm: str, seed: int, steps: int, eval_every: int, exp: Path) -> No
     (run_dir / "done.json").write_text(json.dumps(done) + "\n")
 
 
-def planned(arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[tuple[str, int]]:
+def planned(
+    arms: tuple[str, ...], seeds: tuple[int, ...], design: Experiment = EXPERIMENTS["sod"]
+) -> list[tuple[str, int]]:
     """Seed-major, and Clip_B before the replay arms of its seed (they read its counts)."""
-    order = sorted(arms, key=lambda a: (a.startswith("replay"), list(ARMS).index(a)))
+    order = sorted(arms, key=lambda a: (a.startswith("replay"), list(design.arms).index(a)))
     return [(a, s) for s in seeds for a in order]
 
 
@@ -216,8 +228,8 @@ def claim(run_dir: Path) -> bool:
     return True
 
 
-def status(exp: Path, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
-    for arm, seed in planned(arms, seeds):
+def status(exp: Path, arms: tuple[str, ...], seeds: tuple[int, ...], design: Experiment = EXPERIMENTS["sod"]) -> None:
+    for arm, seed in planned(arms, seeds, design):
         d = exp / "per_run" / run_name(arm, seed)
         if (d / "done.json").exists():
             info = json.loads((d / "done.json").read_text())
@@ -228,7 +240,8 @@ def status(exp: Path, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
 
 
 def execute(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
-    for arm, seed in planned(arms, seeds):
+    design = EXPERIMENTS[args.experiment]
+    for arm, seed in planned(arms, seeds, design):
         d = args.exp / "per_run" / run_name(arm, seed)
         if (d / "done.json").exists():
             continue
@@ -238,7 +251,7 @@ def execute(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, .
         if not claim(d):
             continue
         t0 = time.perf_counter()
-        train_one(arm, seed, args.steps, args.eval_every, args.exp)
+        train_one(arm, seed, args.steps, args.eval_every, args.exp, design)
         (d / "claim").unlink(missing_ok=True)
         print(f"[forking_sod] {run_name(arm, seed)} done in {time.perf_counter() - t0:.0f}s", flush=True)
 
@@ -247,9 +260,10 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
     """Run the remaining runs in ``args.workers`` single-thread subprocesses; a replay run starts once its Clip_B
     run is done. No run starts after ``args.deadline`` seconds; runs still going at ``args.deadline + grace`` are
     killed (their claims are cleared, so ``--status`` lists them as todo)."""
-    t0, running = time.perf_counter(), {}
-    # Primary arms seed by seed first, so a study cut short has whole seeds of the primary comparison.
-    todo = sorted(planned(arms, seeds), key=lambda r: (r[0] not in PRIMARY_ARMS, r[1], list(ARMS).index(r[0])))
+    t0, running, design = time.perf_counter(), {}, EXPERIMENTS[args.experiment]
+    # The design's first arms seed by seed first, so a study cut short has whole seeds of their comparisons.
+    order = list(design.arms)
+    todo = sorted(planned(arms, seeds, design), key=lambda r: (r[0] not in design.first, r[1], order.index(r[0])))
     todo = [r for r in todo if not (args.exp / "per_run" / run_name(*r) / "done.json").exists()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     while todo or running:
@@ -276,6 +290,8 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
                 sys.executable,
                 __file__,
                 "--run",
+                "--experiment",
+                args.experiment,
                 "--exp",
                 str(args.exp),
                 "--arms",
@@ -297,9 +313,10 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--exp", type=Path, default=EXP)
-    p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--experiment", choices=tuple(EXPERIMENTS), default="sod")
+    p.add_argument("--exp", type=Path, default=None, help="results directory (default: the experiment's)")
+    p.add_argument("--arms", default=None, help="default: every arm of the experiment")
+    p.add_argument("--seeds", default=None, help="default: the experiment's (0-7)")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     p.add_argument("--status", action="store_true")
@@ -311,24 +328,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
     p.add_argument("--grace", type=float, default=0.0, help="with --workers: kill runs at deadline + grace (s)")
     args = p.parse_args(argv)
-    arms = tuple(a for a in args.arms.split(",") if a)
-    unknown = sorted(set(arms) - set(ARMS))
+    design = EXPERIMENTS[args.experiment]
+    args.exp = args.exp or EXPERIMENTS_DIR / design.directory
+    arms = tuple(a for a in (args.arms or ",".join(design.arms)).split(",") if a)
+    unknown = sorted(set(arms) - set(design.arms))
     if unknown:
-        raise ValueError(f"--arms has unknown arms {unknown}; choose from {sorted(ARMS)}")
-    seeds = tuple(int(s) for s in args.seeds.split(","))
+        raise ValueError(
+            f"--arms has unknown arms {unknown} for --experiment {args.experiment}; choose from {sorted(design.arms)}"
+        )
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else design.seeds
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import warnings
 
     warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
     if args.status:
-        status(args.exp, arms, seeds)
+        status(args.exp, arms, seeds, design)
     if args.run:
         (pool if args.workers else execute)(args, arms, seeds)
     if args.analyze or args.update_readme:
         from forking_sod_analysis import analyze
 
-        analyze(args.exp, update_readme=args.update_readme)
+        analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv
 ``<exp>/readme_block.md``; ``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
 
     python scripts/forking_sod.py --analyze --update-readme
+    python scripts/forking_sod.py --experiment sod_clipv --analyze --update-readme
+
+The arms, run order, comparisons and README marker of each experiment come from ``forking_sod_design.py``.
 
 Endpoint (``PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the test-prompt mean of
 pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the per-seed paired differences, their 95 % Student-t
@@ -20,25 +23,14 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from forking_sod_design import DELTA, LABELS
+from forking_sod_design import DELTA, EXPERIMENTS, LABELS
 
 from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "scripts" / "forking" / "README.md"
-MARKER = "sod-results"
 K = 64
 LAST_EVALS = 3
-PRIMARY = ("grpo", "clip_b", "replay_mask")
-#: (treated, control) pairs judged by the rule, in the pre-registered order.
-COMPARISONS = (
-    ("clip_b", "grpo"),
-    ("replay_mask", "grpo"),
-    ("clip_b", "replay_mask"),
-    ("replay_role", "grpo"),
-    ("clip_b", "replay_role"),
-    ("grpo_null", "grpo"),
-)
 METRICS = ("pass@64", "avg@64")
 
 
@@ -155,14 +147,15 @@ def comparable_seeds(table: dict[str, dict[str, Any]], arms: tuple[str, ...]) ->
     return sorted(set.intersection(*seeds)) if seeds else []
 
 
-def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
+def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> dict[str, Any]:
+    design = EXPERIMENTS[experiment]
     runs = load_runs(exp)
     table = per_run_table(runs)
-    primary_seeds = comparable_seeds(table, PRIMARY)
+    first_seeds = comparable_seeds(table, design.first)
     comparisons = []
-    for treated, control in COMPARISONS:
+    for treated, control in design.comparisons:
         both = (treated, control)
-        seeds = primary_seeds if set(both) <= set(PRIMARY) else comparable_seeds(table, both)
+        seeds = first_seeds if set(both) <= set(design.first) else comparable_seeds(table, both)
         if len(seeds) >= 2:
             comparisons.append(compare(table, treated, control, seeds))
     arms = sorted({r["arm"] for r in table.values()}, key=lambda a: list(LABELS).index(a))
@@ -175,6 +168,9 @@ def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
     curves = {f"{a}__s{s}": curve(r["eval"]) for (a, s), r in sorted(runs.items())}
     done = [r["done"] for r in runs.values()]
     summary = {
+        "experiment": experiment,
+        "planned_runs": len(design.arms) * len(design.seeds),
+        "directory": design.directory,
         "code_revision": done[0]["code_revision"] if done else None,
         "torch": sorted({d["torch"] for d in done}),
         "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
@@ -192,7 +188,7 @@ def analyze(exp: Path, update_readme: bool = False) -> dict[str, Any]:
     block = readme_block(summary)
     (exp / "readme_block.md").write_text(block)
     if update_readme:
-        changed = replace_block(README, MARKER, block)
+        changed = replace_block(README, design.marker, block)
         print(f"[forking_sod] {README.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
     print(block, flush=True)
     return summary

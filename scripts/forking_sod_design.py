@@ -1,21 +1,93 @@
-"""Names the sum-or-difference study's analysis and report share (``PREREGISTRATION.md``): the effect-size floor
-of the verdict rule and the arms' labels.
+"""The design of the experiments on the sum-or-difference task, as each ``PREREGISTRATION.md`` fixes it.
 
-Both ``forking_sod_analysis.py`` and ``forking_sod_report.py`` read them from here, so the report does not import
-the analysis that imports it.
+``scripts/forking_sod.py`` runs them, ``forking_sod_analysis.py`` judges them and ``forking_sod_report.py``
+formats them; all three read the arms, run order, comparisons and labels from here (so the report does not
+import the analysis that imports it). Every experiment shares the task's base model and data
+(``scripts/forking/experiments/sod/{model,data}``); each has its own results directory and README block.
+
+* ``sod`` (issue 24, experiment C): ``experiments/sod/PREREGISTRATION.md``.
+* ``sod_clipv`` (amendment: the Clip_V arm C dropped): ``experiments/sod_clipv/PREREGISTRATION.md``.
 """
 
 from __future__ import annotations
 
-__all__ = ["DELTA", "LABELS"]
+from dataclasses import dataclass
+
+__all__ = ["DELTA", "EXPERIMENTS", "LABELS", "Experiment"]
 
 #: Effect-size floor of the pre-registered verdict rule (pass@64 / avg@64 points, as fractions).
 DELTA = 0.02
-#: Arm -> label in tables and the README block, in the pre-registered order.
+#: Arm -> label in tables and the README blocks, in table order.
 LABELS = {
     "grpo": "GRPO",
     "clip_b": "Clip_B mu 2.5",
     "replay_mask": "random mask, Clip_B's per-step count replayed",
     "replay_role": "random mask, count replayed per token role",
     "grpo_null": "GRPO, other data order (null)",
+    "clip_v": "Clip_V mu 8.5, cap 1e-4",
+    "clip_v_rescaled": "Clip_V mu 8.5, cap rescaled (0.072)",
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One pre-registered experiment on the sum-or-difference task.
+
+    Attributes:
+        directory: results directory under ``scripts/forking/experiments/``.
+        arms: arm -> method overlay in ``configs/forking/`` (stacked on ``base.yaml`` + ``sod.yaml``).
+        first: arms run seed by seed before the others; comparisons among them use the seeds where all of them
+            finished, any other comparison the seeds where both of its arms finished.
+        comparisons: (treated, control) pairs judged by the rule, in the pre-registered order.
+        marker: README block marker (``<!-- marker:begin -->``).
+        seeds: RL seeds (each sets the sampling and the data order).
+    """
+
+    directory: str
+    arms: dict[str, str]
+    first: tuple[str, ...]
+    comparisons: tuple[tuple[str, str], ...]
+    marker: str
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+
+
+EXPERIMENTS = {
+    "sod": Experiment(
+        directory="sod",
+        arms={
+            "grpo": "grpo.yaml",
+            "clip_b": "clip_b.yaml",
+            "replay_mask": "grpo.yaml",
+            "replay_role": "grpo.yaml",
+            "grpo_null": "grpo.yaml",
+        },
+        first=("grpo", "clip_b", "replay_mask"),
+        comparisons=(
+            ("clip_b", "grpo"),
+            ("replay_mask", "grpo"),
+            ("clip_b", "replay_mask"),
+            ("replay_role", "grpo"),
+            ("clip_b", "replay_role"),
+            ("grpo_null", "grpo"),
+        ),
+        marker="sod-results",
+    ),
+    "sod_clipv": Experiment(
+        directory="sod_clipv",
+        arms={
+            "grpo": "grpo.yaml",
+            "clip_v": "clip_v.yaml",
+            "clip_v_rescaled": "clip_v_sod.yaml",
+            "clip_b": "clip_b.yaml",
+        },
+        first=("grpo", "clip_v", "clip_v_rescaled"),
+        comparisons=(
+            ("clip_v", "grpo"),
+            ("clip_v_rescaled", "grpo"),
+            ("clip_b", "grpo"),
+            ("clip_v", "clip_b"),
+            ("clip_v_rescaled", "clip_b"),
+        ),
+        marker="sod-clipv-results",
+    ),
 }

@@ -92,3 +92,34 @@ def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
     assert sorted({int(r["step"]) for r in evals}) == [0, 1, 2] and len(evals) == 3 * 150
     done = json.loads((runs["replay_mask"] / "done.json").read_text())
     assert done["steps"] == 2 and done["replay_shortfall"] == 0
+
+
+def test_experiment_arms_and_run_order():
+    sod = _load("forking_sod")
+    design = sod.EXPERIMENTS["sod_clipv"]
+    for overlay in design.arms.values():
+        assert (sod.CONFIGS / overlay).exists()
+    args = sod.cli_args("clip_v_rescaled", 3, 400, Path("/tmp/x"), design.arms)
+    assert str(sod.CONFIGS / "clip_v_sod.yaml") in args and "--data.seed=3" in args
+    assert str(sod.EXP / "model") in " ".join(args)  # every experiment trains C's base model
+    with pytest.raises(ValueError, match="unknown arms.*sod_clipv"):
+        sod.main(["--experiment", "sod_clipv", "--arms", "replay_mask", "--status"])
+
+
+def test_clip_v_caps_of_the_amendment_at_this_batch():
+    """1e-4 rounds up to 1 token per batch here (not 0); the rescaled cap allows ~82 (clip_v_sod.yaml's rule)."""
+    import yaml
+
+    from lit_entropy.functional.clipping import cap_count
+
+    sod = _load("forking_sod")
+    fracs = {}
+    for arm in ("clip_v", "clip_v_rescaled"):
+        cfg = yaml.safe_load((sod.CONFIGS / sod.EXPERIMENTS["sod_clipv"].arms[arm]).read_text())
+        (cb,) = cfg["trainer"]["callbacks"]
+        assert cb["init_args"]["method"] == "clip_v" and cb["init_args"]["mu"] == 8.5
+        fracs[arm] = cb["init_args"]["max_frac"]
+    n = 128 * 9  # 16 prompts x 8 samples, responses of <= 10 tokens
+    assert cap_count(n, fracs["clip_v"]) == 1 and math.floor(1e-4 * n) == 0
+    assert fracs["clip_v_rescaled"] == pytest.approx(1e-4 * 7168 / 10, abs=5e-4)
+    assert cap_count(n, fracs["clip_v_rescaled"]) == math.floor(0.072 * n) == 82

@@ -109,17 +109,54 @@ def test_analysis_refuses_mixed_revisions(tmp_path):
         an.load_runs(tmp_path)
 
 
-def test_readme_block_matches_the_committed_runs(tmp_path):
+@pytest.mark.parametrize("experiment", ["sod", "sod_clipv"])
+def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
     an = _load("forking_sod_analysis")
-    exp = SCRIPTS / "forking" / "experiments" / "sod"
+    design = an.EXPERIMENTS[experiment]
+    exp = SCRIPTS / "forking" / "experiments" / design.directory
     text = an.README.read_text()
-    block = text.split(f"<!-- {an.MARKER}:begin -->\n", 1)[1].split(f"\n<!-- {an.MARKER}:end -->", 1)[0]
+    block = text.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
     if not any((exp / "per_run").glob("*/done.json")):
         assert block == "(no runs analysed yet)"
         return
     shutil.copytree(exp / "per_run", tmp_path / "per_run")
-    an.analyze(tmp_path)
+    an.analyze(tmp_path, experiment=experiment)
     assert (tmp_path / "readme_block.md").read_text().rstrip() == block
+    # every committed run of the experiment is one of its pre-registered (arm, seed) runs
+    for d in (exp / "per_run").glob("*/done.json"):
+        arm, seed = d.parent.name.rsplit("__s", 1)
+        assert arm in design.arms and int(seed) in design.seeds, d.parent.name
+
+
+def test_clip_v_amendment_judges_its_arms_within_its_commit(tmp_path):
+    an = _load("forking_sod_analysis")
+    ps = {"grpo": [0.30, 0.40], "clip_v": [0.31, 0.40], "clip_v_rescaled": [0.50, 0.62], "clip_b": [0.5, 0.6]}
+    for arm, values in ps.items():
+        for seed, p in enumerate(values):
+            _fake_run(tmp_path, arm, seed, p)
+    _fake_run(tmp_path, "clip_b", 2, 0.6)  # a seed the first arms lack: only clip_b's comparisons could use it
+    summary = an.analyze(tmp_path, experiment="sod_clipv")
+    pairs = [(c["treated"], c["control"], c["seeds"]) for c in summary["comparisons"]]
+    assert pairs == [
+        ("clip_v", "grpo", [0, 1]),
+        ("clip_v_rescaled", "grpo", [0, 1]),
+        ("clip_b", "grpo", [0, 1]),
+        ("clip_v", "clip_b", [0, 1]),
+        ("clip_v_rescaled", "clip_b", [0, 1]),
+    ]
+    block = (tmp_path / "readme_block.md").read_text()
+    assert "--experiment sod_clipv --analyze" in block and "experiments/sod_clipv/per_run/" in block
+    assert "Status: 9 of the 32 pre-registered runs have finished." in block
+    # one comparison by hand: clip_v_rescaled - grpo avg@64 per seed is the mean over the two prompts
+    d = [(0.50 - 0.30) * 0.75, (0.62 - 0.40) * 0.75]  # sum prompt p, diff prompt p / 2: mean of p and p / 2
+    assert summary["comparisons"][1]["avg@64"]["mean"] == pytest.approx(sum(d) / 2)
+
+
+def test_block_before_the_first_run(tmp_path):
+    an = _load("forking_sod_analysis")
+    (tmp_path / "per_run").mkdir()
+    an.analyze(tmp_path, experiment="sod_clipv")
+    assert (tmp_path / "readme_block.md").read_text() == "(no runs analysed yet)\n"
 
 
 def test_analyze_writes_tables_and_block(tmp_path):
@@ -135,4 +172,5 @@ def test_analyze_writes_tables_and_block(tmp_path):
     ]
     block = (tmp_path / "readme_block.md").read_text()
     assert "6 committed runs" in block and "code revision abc1234" in block and "| 0.827 |" in block
+    assert "Status: 6 of the 40 pre-registered runs have finished." in block
     assert json.loads((tmp_path / "summary.json").read_text())["arm_means"]["clip_b"]["n"] == 2

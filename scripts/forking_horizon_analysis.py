@@ -36,7 +36,11 @@ DOCS = {
         (ROOT / "docs" / "study.md", "horizon-results", "docs"),
         (ROOT / "scripts" / "dynamics_report" / "report.md", "report-horizon", "docs"),
     ),
-    "short": ((ROOT / "scripts" / "forking" / "README.md", "short-results", "full"),),
+    "short": (
+        (ROOT / "scripts" / "forking" / "README.md", "short-results", "full"),
+        (ROOT / "docs" / "study.md", "short-results", "docs"),
+        (ROOT / "scripts" / "dynamics_report" / "report.md", "report-short", "docs"),
+    ),
 }
 K = 64
 LAST_EVALS = 3

@@ -1,5 +1,5 @@
 """scripts/forking_horizon_analysis.py: the pre-registered class-weighted endpoint, pooled and per-base verdicts on
-hand-made runs; and the generated block of scripts/forking/README.md matches the committed runs."""
+hand-made runs; and the generated blocks of both experiments (horizon, short) match their committed runs."""
 
 from __future__ import annotations
 
@@ -141,13 +141,27 @@ def test_analyze_writes_block_with_the_status(tmp_path):
     assert "Clip_B mu 2.5 - GRPO** (n = 2 units)" in docs and "per-unit" not in docs.split("Per-base")[0].lower()
 
 
-def test_readme_block_matches_the_committed_runs(tmp_path):
+def test_block_of_an_experiment_without_runs(tmp_path):
     an = load_script("forking_horizon_analysis")
-    if (EXP / "per_run").exists():
-        shutil.copytree(EXP / "per_run", tmp_path / "per_run")
-    an.analyze(tmp_path)
-    stale = "stale: run python scripts/forking_horizon.py --analyze --update-readme"
-    for path, marker, kind in an.DOCS["horizon"]:
+    summary = an.analyze(tmp_path, experiment="short")
+    assert summary["n_runs"] == 0 and summary["comparisons"] == []
+    for name in ("readme_block.md", "docs_block.md"):
+        text = (tmp_path / name).read_text()
+        assert "--experiment short --analyze" in text and "not started" in text and "|" not in text
+    assert not (tmp_path / "pass_at_64.png").exists()
+
+
+@pytest.mark.parametrize("experiment", ["horizon", "short"])
+def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
+    an = load_script("forking_horizon_analysis")
+    exp = EXP.parent / experiment
+    if (exp / "per_run").exists():
+        shutil.copytree(exp / "per_run", tmp_path / "per_run")
+    an.analyze(tmp_path, experiment=experiment)
+    option = "" if experiment == "horizon" else f" --experiment {experiment}"
+    stale = f"stale: run python scripts/forking_horizon.py{option} --analyze --update-readme"
+    assert an.DOCS[experiment], experiment
+    for path, marker, kind in an.DOCS[experiment]:
         text = path.read_text()
         block = text.split(f"<!-- {marker}:begin -->\n", 1)[1].split(f"<!-- {marker}:end -->", 1)[0].rstrip()
         expected = (tmp_path / ("readme_block.md" if kind == "full" else "docs_block.md")).read_text().rstrip()

@@ -286,25 +286,26 @@ class RFTModule(LightningModule):
     def statistics_pass(self, rollout: RolloutBatch) -> RolloutStatistics:
         """Old log-probs, entropy, S (and E_p[S] when a callback asks), reference log-probs and values.
 
-        When the batch gets a single update, the policy's forward keeps its graph and is returned as
-        ``update_forward`` for :meth:`update` instead of being recomputed.
+        With a single update per batch, the policy's forwards (one, or one per token-budget micro-batch) keep their
+        graphs until :meth:`update` reuses them (``update_forward``) instead of recomputing them.
         """
-        rows = rollout.response_mask.shape[0]
         want_average = "policy_average" in protocol.required_token_mask_fields(attached_trainer(self))
-        plan = micro_batches(rollout, self.settings.update)
-        reuse = self.reuses_statistics_forward(rows) and len(plan) == 1
-        parts = []
-        for index, part in forward_parts(rollout, plan, reuse=reuse):
+        update, reuse = self.settings.update, self.reuses_statistics_forward(rollout.response_mask.shape[0])
+        plan = [slice(None)] if reuse and update.max_tokens_per_micro_batch is None else micro_batches(rollout, update)
+        parts, forwards = [], []
+        for index, part in forward_parts(rollout, plan):
             with torch.set_grad_enabled(reuse):
                 forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
             ref = self.reference_logprobs(part)
             values = None if self.value_head is None else self.values(part, forward.hidden)
             stats = RolloutStatistics.from_passes(
-                forward.stats, ref_logprobs=ref, old_values=values, update_forward=forward if reuse else None,
+                forward.stats, ref_logprobs=ref, old_values=values,
                 kept_log_mass=kept_set_log_mass(self.policy, part, self.settings),
             )  # fmt: skip
             parts.append((index, stats))
-        return RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])
+            forwards += [(index, forward)] if reuse else []
+        statistics = RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])
+        return statistics.with_row_tensors({}, update_forward=forwards or None)
 
     def reference_logprobs(self, rollout: RolloutBatch) -> Tensor | None:
         """Log-probs ``[n, T]`` of the KL term's reference: the frozen reference model, or for a LoRA policy the policy
@@ -333,8 +334,7 @@ class RFTModule(LightningModule):
         """``update.epochs`` x mini-batches of optimizer steps on ``experience``; returns mean loss terms."""
         update = self.settings.update
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        rows = experience.loss_mask.shape[0]
-        reused, trim = experience.update_forward, update.max_tokens_per_micro_batch is not None
+        rows, reused = experience.loss_mask.shape[0], experience.update_forward is not None
         count, norms, sums = 0, [], {}  # sums: loss term -> float
         for _ in range(update.epochs):
             # A reused statistics forward covers the rows in their original order.
@@ -343,8 +343,8 @@ class RFTModule(LightningModule):
                 index = order[mini]
                 normalizer = self.loss_normalizer(experience.loss_mask[index])
                 finite = True
-                for mb in [index] if reused else micro_batches(experience.rollout, update, index):
-                    out = self.minibatch_loss(experience.micro_batch(mb, trim=trim and not reused), normalizer, reused)
+                for mb, micro, forward in experience.update_parts(index, update):
+                    out = self.minibatch_loss(micro, normalizer, forward)
                     finite &= bool(torch.isfinite(out.loss.detach()))
                     # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
                     self.manual_backward(out.loss)

@@ -311,7 +311,8 @@ class UpdateConfig:
     """Padding-free forwards: a micro-batch's rows packed into one (attention sdpa, eager or flash_attention_2)."""
     reuse_statistics_forward: bool = True
     """With exactly one update per rollout batch, reuse the update's forward for the old log-probs and
-    statistics instead of a separate no-grad pass (as TRL does)."""
+    statistics instead of a separate no-grad pass (as TRL does); under a token budget one forward per micro-batch,
+    all their graphs held until the update (false: the update's memory is bounded by the budget)."""
     max_consecutive_skips: int = 10
     """Stop with an error after this many consecutive skipped updates (non-finite loss or gradient norm)."""
 

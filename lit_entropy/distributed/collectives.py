@@ -24,6 +24,7 @@ __all__ = [
     "all_reduce_sum",
     "global_top_k_cut",
     "is_distributed",
+    "unshard_root",
     "world_size",
 ]
 
@@ -94,3 +95,16 @@ def all_reduce_max(tensor: Tensor) -> Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
+
+
+def unshard_root(model: torch.nn.Module) -> None:
+    """All-gather the parameters an FSDP2 ``model`` (``fully_shard``) holds itself, outside its sub-modules' groups
+    (embeddings, final norm, LM head); a no-op for any other model. A collective under FSDP2.
+
+    A forward whose graph is kept for later needs this before its backward when another backward ran in between:
+    that backward ends by resharding them, and the blockwise vocabulary pass, which reads the LM head outside the
+    model's forward, would find its storage freed (the model's own pre-backward hooks gather only after it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.unshard()

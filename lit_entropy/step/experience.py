@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,19 +15,26 @@ from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, estimator_need
 from lit_entropy.functional.rollout_correction import mismatch_sums, rollout_correction
 from lit_entropy.protocol import TokenMaskContext
 from lit_entropy.rollout.base import RolloutBatch
-from lit_entropy.settings import RFTSettings
+from lit_entropy.settings import RFTSettings, UpdateConfig
 from lit_entropy.step.forward import ResponseForward
-from lit_entropy.step.micro_batches import forward_rows, trim_rollout
+from lit_entropy.step.micro_batches import forward_rows, micro_batches, trim_rollout
 from lit_entropy.tokens import RowTensors
 
 __all__ = [
     "Experience",
+    "ReusedForwards",
     "RolloutStatistics",
     "advantage_options",
     "build_experience",
     "rollout_mismatch",
     "token_advantages",
 ]
+
+ReusedForwards = list[tuple[Tensor | slice, ResponseForward]]
+"""The statistics pass's policy forwards with their graphs, when they double as the only update's forwards: one
+``(rows, forward)`` per forward, ``rows`` either ``slice(None)`` (one forward over all rows, in order) or a
+token-budget micro-batch's row index (:func:`~lit_entropy.step.micro_batches.micro_batches`; the forward ran on
+those rows trimmed to their widths, an empty index on row 0)."""
 
 
 @dataclass(kw_only=True)
@@ -36,10 +43,10 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
     marked ``statistics``, ``[N, T]`` (detached; the graph, when kept, is in ``update_forward``).
 
     Attributes:
-        update_forward: the policy forward with its graph, when it doubles as the only update's forward.
+        update_forward: the policy forwards with their graphs, when they double as the only update's forwards.
     """
 
-    update_forward: ResponseForward | None = None
+    update_forward: ReusedForwards | None = None
 
     @classmethod
     def from_passes(
@@ -48,11 +55,11 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
         *,
         ref_logprobs: Tensor | None = None,
         old_values: Tensor | None = None,
-        update_forward: ResponseForward | None = None,
+        update_forward: ReusedForwards | None = None,
         kept_log_mass: Tensor | None = None,
     ) -> RolloutStatistics:
         """The statistics of the policy's pass (``stats``), the reference's log-probs and the critic's values,
-        detached; ``update_forward`` keeps the policy pass's graph when the update reuses it."""
+        detached; ``update_forward`` keeps the policy passes' graphs when the update reuses them."""
         policy = {
             "old_logprobs": stats.logprobs,
             "entropy": stats.entropy,
@@ -84,14 +91,14 @@ class Experience(RowTensors, holds=lambda f: True):
 
     Attributes:
         rollout: the sampled batch.
-        update_forward: the update's own forward (with its graph) when it doubles as the statistics pass.
+        update_forward: the update's own forwards (with their graphs) when they double as the statistics pass.
         coefficients: loss coefficients for this batch (``entropy_coef``: the setting or a callback's value).
         mismatch: this rank's :func:`~lit_entropy.functional.rollout_correction.mismatch_sums` of the whole batch
             (float64 ``[10]``), None unless the engine reports log-probs.
     """
 
     rollout: RolloutBatch
-    update_forward: ResponseForward | None = None
+    update_forward: ReusedForwards | None = None
     coefficients: dict[str, float] = field(default_factory=dict)
     mismatch: Tensor | None = None
 
@@ -116,6 +123,22 @@ class Experience(RowTensors, holds=lambda f: True):
         if not index.numel():
             rows.loss_mask = torch.zeros_like(rows.loss_mask)
         return rows.trimmed() if trim else rows
+
+    def update_parts(
+        self, index: Tensor, update: UpdateConfig
+    ) -> Iterator[tuple[Tensor, Experience, ResponseForward | None]]:
+        """``(rows, their experience, their forward or None)`` per forward of one optimizer step on the rows
+        ``index``: the statistics pass's own forwards when the update reuses them (``update_forward``, which then
+        covers exactly ``index``), else :func:`~lit_entropy.step.micro_batches.micro_batches` (a collective under a
+        token budget), each trimmed to its widths under a token budget."""
+        if self.update_forward is not None:
+            for part, forward in self.update_forward:
+                rows = index if isinstance(part, slice) else part  # slice(None): all rows, in order
+                yield rows, self.micro_batch(rows, trim=isinstance(part, Tensor)), forward
+            return
+        trim = update.max_tokens_per_micro_batch is not None
+        for rows in micro_batches(self.rollout, update, index):
+            yield rows, self.micro_batch(rows, trim=trim), None
 
     def trimmed(self) -> Experience:
         """These rows without the columns that are padding on every row

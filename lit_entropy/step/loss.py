@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lit_entropy.distributed.collectives import all_reduce_sum, world_size
+from lit_entropy.distributed.collectives import all_reduce_sum, unshard_root, world_size
 from lit_entropy.functional.kl import kl_penalty
 from lit_entropy.functional.policy_loss import (
     PolicyLossStats,
@@ -158,7 +158,9 @@ def rows_update_loss(
         rows: the rows' experience.
         settings: the run's settings.
         normalizer: see :func:`update_loss`.
-        forward: the policy's forward over exactly these rows, already computed (the statistics pass's graph).
+        forward: the policy's forward over exactly these rows, already computed (the statistics pass's graph;
+            under FSDP2 the policy's root parameters are gathered again for its backward, see
+            :func:`~lit_entropy.distributed.collectives.unshard_root`).
         values_of: ``(rollout, policy hidden states) -> values [n, T]`` (PPO), else None.
         hidden: the full-logits forward must return hidden states (a value head on the policy).
     """
@@ -179,5 +181,7 @@ def rows_update_loss(
         return out
     if forward is None:
         forward = response_forward(model, rows.rollout, **options, hidden=hidden)
+    else:
+        unshard_root(model)
     values = None if values_of is None else values_of(rows.rollout, forward.hidden)
     return update_loss(forward, rows, settings, normalizer=normalizer, values=values)

@@ -149,12 +149,10 @@ def forward_rows(part: Tensor | slice) -> Tensor | slice:
     return part
 
 
-def forward_parts(
-    rollout: RolloutBatch, plan: list[Tensor | slice], *, reuse: bool
-) -> Iterator[tuple[Tensor | slice, RolloutBatch]]:
-    """``(rows, rollout of those rows)`` per forward of the statistics pass: all rows at once when ``reuse`` (the
-    update reuses that forward), else the ``plan``'s parts (:func:`micro_batches`), a token-budget part (an index
+def forward_parts(rollout: RolloutBatch, plan: list[Tensor | slice]) -> Iterator[tuple[Tensor | slice, RolloutBatch]]:
+    """``(rows, rollout of those rows)`` per forward of the statistics pass, one per part of ``plan``
+    (:func:`micro_batches`, or ``[slice(None)]`` for one forward over all rows): a token-budget part (an index
     tensor) trimmed to its widths and an empty one run on row 0 (see :func:`forward_rows`)."""
-    for index in [slice(None)] if reuse else plan:
+    for index in plan:
         part = rollout.select(forward_rows(index))
         yield index, (trim_rollout(part) if isinstance(index, Tensor) else part)

@@ -756,7 +756,18 @@ def summarize_realistic(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, An
                     "other": total - gen - stat - upd - cb,
                 }
             row["phases"] = split
+            # The passes issue 26 targets: the median over steps of each step's statistics pass + update.
+            row["stats_update"] = {
+                kind: statistics.median(
+                    ph.get("statistics_pass", [0, 0])[i] + ph.get("update", [0, 0])[i] for ph in phases
+                )
+                for kind, i in (("wall", 0), ("cpu", 1))
+            }
         out["sides"][side] = row
+    base = out["sides"].get("grpo", {}).get("stats_update")
+    for row in out["sides"].values():
+        if base and "stats_update" in row:
+            row["stats_update_vs_grpo"] = {kind: row["stats_update"][kind] / base[kind] for kind in base}
     if "trl" in out["sides"]:
         trl = out["sides"]["trl"]
         for side, row in out["sides"].items():
@@ -810,6 +821,14 @@ def format_realistic(summary: dict[str, Any]) -> str:
             total = sum(split.values()) or 1.0
             cells = " | ".join(f"{v:.2f} s ({100 * v / total:.0f}%)" for v in split.values())
             lines.append(f"| {side} | {kind} | {cells} |")
+    passes = {side: row for side, row in summary["sides"].items() if "stats_update" in row}
+    if passes:
+        lines += ["", "| side | statistics pass + update wall s | CPU s | vs grpo wall | vs grpo CPU |"]
+        lines.append("|---|---|---|---|---|")
+        for side, row in passes.items():
+            su, vs = row["stats_update"], row.get("stats_update_vs_grpo")
+            ratios = f"{vs['wall']:.2f}x | {vs['cpu']:.2f}x" if vs else "- | -"
+            lines.append(f"| {side} | {su['wall']:.2f} | {su['cpu']:.2f} | {ratios} |")
     if summary["overheads"]:
         lines += ["", "| over grpo | clock | per round | mean [95% t CI] |", "|---|---|---|---|"]
         for side, entry in summary["overheads"].items():

@@ -142,15 +142,16 @@ def test_realistic_summary_against_hand_computed_figures(bench):
         }
 
     ph = {"generate": [1.0, 0.25], "statistics_pass": [0.5, 0.5], "update": [0.25, 0.125]}
+    ph_v = {"generate": [1.0, 0.25], "statistics_pass": [0.25, 0.25], "update": [0.5, 0.25]}
     rounds = [
         {
             "grpo": side([2.0, 2.0], [1.0, 1.0], 100, [ph, ph]),
-            "clip_v": side([2.2, 2.2], [1.1, 1.1], 110),
+            "clip_v": side([2.2, 2.2], [1.1, 1.1], 110, [ph_v, ph_v]),
             "trl": side([4.0, 4.0], [4.0, 4.0], 200),
         },
         {
             "grpo": side([2.0, 2.0], [1.0, 1.0], 120, [ph, ph]),
-            "clip_v": side([2.4, 2.4], [1.0, 1.0], 100),
+            "clip_v": side([2.4, 2.4], [1.0, 1.0], 100, [ph_v, ph_v]),
             "trl": side([5.0, 5.0], [4.0, 4.0], 150),
         },
     ]
@@ -165,7 +166,12 @@ def test_realistic_summary_against_hand_computed_figures(bench):
     # t interval, 1 degree of freedom: mean 0.15 +- 12.706 * std(0.1, 0.2)/sqrt(2) = 0.15 +- 12.706 * 0.05.
     assert v["mean"] == pytest.approx(0.15) and v["ci_high"] == pytest.approx(0.15 + 12.7062 * 0.05, rel=1e-4)
     assert out["overheads"]["clip_v"]["cpu"]["rounds"] == pytest.approx([0.1, 0.0])
-    assert "| clip_v | wall | +10.0% / +20.0% |" in bench.format_realistic(out)
+    # statistics pass + update: grpo wall 0.5 + 0.25, CPU 0.5 + 0.125; clip_v wall 0.25 + 0.5, CPU 0.25 + 0.25
+    assert g["stats_update"] == pytest.approx({"wall": 0.75, "cpu": 0.625})
+    assert out["sides"]["clip_v"]["stats_update_vs_grpo"] == pytest.approx({"wall": 1.0, "cpu": 0.8})
+    assert "trl" in out["sides"] and "stats_update" not in out["sides"]["trl"]
+    table = bench.format_realistic(out)
+    assert "| clip_v | wall | +10.0% / +20.0% |" in table and "| clip_v | 0.75 | 0.50 | 1.00x | 0.80x |" in table
 
 
 def test_realistic_model_shape_and_parameter_count(bench, tmp_path):

@@ -40,7 +40,7 @@ from lit_entropy.functional.entropy import (
 )
 from lit_entropy.functional.masked import compute_dtype
 
-__all__ = ["DEFAULT_BLOCK", "linear_entropy_stats"]
+__all__ = ["DEFAULT_BLOCK", "block_logits", "linear_entropy_stats"]
 
 #: Default ``(rows, vocab_cols)`` of one logits block per device type. CPU: a float32 block of 1 MiB
 #: keeps the elementwise passes cache-resident while the block matmul ``[rows, H] @ [H, vocab_cols]``
@@ -83,8 +83,9 @@ def _resolve_block(name: str, value: int | None, default: int) -> int:
     return value
 
 
-def _block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, out: Tensor) -> Tensor:
-    """``out = hb @ wc.T (+ bc)`` in the input dtype, written into a reused buffer."""
+def block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, out: Tensor) -> Tensor:
+    """``out = hb @ wc.T (+ bc)`` (``[r, H]``, ``[c, H]``, ``[c]`` -> ``[r, c]``) in the input dtype, written into a
+    reused buffer: the same ``mm`` / ``addmm`` as an ``nn.Linear`` head, so the same logits."""
     if bc is None:
         return torch.mm(hb, wc.T, out=out)
     return torch.addmm(bc, hb, wc.T, out=out)
@@ -94,11 +95,11 @@ def _scaled_block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, inv_t: float
     """``x = (hb @ wc.T + bc) / T`` in the compute dtype; the matmul runs in the input dtype (into ``mm`` when that
     is narrower than ``x``, as the model's own head rounds its logits)."""
     if mm is None:
-        _block_logits(hb, wc, bc, out=x)
+        block_logits(hb, wc, bc, out=x)
         if inv_t != 1.0:
             x.mul_(inv_t)
     else:
-        torch.mul(_block_logits(hb, wc, bc, out=mm), inv_t, out=x)
+        torch.mul(block_logits(hb, wc, bc, out=mm), inv_t, out=x)
 
 
 def _row_dot(a: Tensor, b: Tensor, tmp: Tensor, out: Tensor) -> Tensor:
@@ -317,7 +318,7 @@ def _block_dlogits(
     r, cw = r1 - r0, wc.shape[0]
     x, e = buf.x[:r, :cw], buf.e[:r, :cw]
     low = buf.mm is not None
-    logits = _block_logits(hb, wc, bc, out=buf.mm[:r, :cw] if low else x)
+    logits = block_logits(hb, wc, bc, out=buf.mm[:r, :cw] if low else x)
     torch.add(neg_shift, logits, alpha=inv_t, out=x)  # x = log p
     x.clamp_(min=_X_FLOOR[x.dtype])  # same floor as the forward: p < 4e-18 there, no denormals
     torch.exp(x, out=e)  # e = p

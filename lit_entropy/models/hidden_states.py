@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["forward_with_positions", "lm_head_params", "response_hidden_states"]
+__all__ = ["forward_with_positions", "lm_head_params", "logits_head", "response_hidden_states"]
 
 # Config attributes that make logits != lm_head(hidden), with the value that means "off".
 _LOGIT_TRANSFORMS = {
@@ -79,19 +79,26 @@ def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: 
     return hidden_states[-1][:, length - response_len - 1 : length - 1]
 
 
-def lm_head_params(model: nn.Module) -> tuple[Tensor, Tensor | None] | None:
-    """``(weight [V, H], bias [V] | None)`` of a plain linear LM head; ``None`` when the blockwise path does not apply.
-
-    ``None`` when ``model.get_output_embeddings()`` is missing or is not an ``nn.Linear`` (e.g. a PEFT-wrapped
-    head), or when the config transforms the logits after the head (soft-capping, logit scaling).
-    """
+def logits_head(model: nn.Module) -> nn.Module | None:
+    """The module that maps final hidden states ``[..., H]`` to the logits (``model.get_output_embeddings()``, a
+    plain ``nn.Linear`` or a wrapped one such as a LoRA-adapted head), or ``None`` when it is missing or the config
+    transforms the logits after it (soft-capping, logit scaling): then only the model's own forward gives them."""
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    if not isinstance(head, nn.Linear):
+    if not isinstance(head, nn.Module):
         return None
     config = getattr(model, "config", None)
     for name, off in _LOGIT_TRANSFORMS.items():
         value = getattr(config, name, off)
         if value is not None and value != off:
             return None
-    return head.weight, head.bias
+    return head
+
+
+def lm_head_params(model: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """``(weight [V, H], bias [V] | None)`` of a plain linear LM head; ``None`` when the blockwise path does not apply.
+
+    ``None`` when :func:`logits_head` is ``None`` or is not an ``nn.Linear`` (e.g. a PEFT-wrapped head).
+    """
+    head = logits_head(model)
+    return (head.weight, head.bias) if isinstance(head, nn.Linear) else None

@@ -8,15 +8,18 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import default_chunk_rows
+from lit_entropy.functional.linear_entropy import block_logits
 from lit_entropy.functional.rollout_correction import kept_log_mass
-from lit_entropy.models.hidden_states import lm_head_params, response_hidden_states
+from lit_entropy.models.hidden_states import lm_head_params, logits_head, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
-from lit_entropy.step.forward import response_logits, uses_blockwise_head
+from lit_entropy.step.forward import response_logits
+from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, packs_in_bins
 
 __all__ = ["kept_set_log_mass"]
 
-#: ``(first token, last token + 1, out [r, V])`` -> the logits of those response tokens written into ``out``.
+#: ``(first token, last token + 1, out [r, V])`` -> the logits of those response tokens (written into ``out``, or a
+#: tensor of their own).
 LogitsChunk = Callable[[int, int, Tensor], Tensor]
 
 
@@ -26,11 +29,14 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
     each response position ``[n, T]`` (float32, 0 outside the response mask); None unless
     ``model.rollout_correction.kept_set_logprobs`` is on, a filter is on and the engine reported log-probs.
 
-    One more forward of ``model`` over the rows (no graph). As in :func:`~lit_entropy.step.response_forward`, a
-    plain linear LM head (and ``model.policy.blockwise_lm_head``) keeps the forward's logits out: the head runs
-    on the final hidden states of the response tokens only, ``model.policy.logprob_chunk_size`` tokens at a time
-    (None: :func:`~lit_entropy.functional.entropy.default_chunk_rows`), into one reused buffer. Otherwise (a
-    wrapped head, logit scaling or soft-capping) the model's own response logits are reduced in the same chunks.
+    One more forward of ``model`` over the rows (no graph; packed under ``model.update.pack_sequences``, as the
+    statistics pass). As in :func:`~lit_entropy.step.response_forward` the forward keeps no logits: the head runs on
+    the final hidden states of the response tokens only, ``model.policy.logprob_chunk_size`` tokens at a time
+    (None: :func:`~lit_entropy.functional.entropy.default_chunk_rows`): a plain linear head (with
+    ``model.policy.blockwise_lm_head``) into one reused buffer, any other head module (a LoRA-wrapped head) called
+    on each chunk. Only when the config transforms the logits after the head (soft-capping, logit scaling: each
+    architecture's forward applies them its own way) does the model's forward compute the response logits, which
+    are then reduced in the same chunks.
     """
     sampling = settings.sampling
     filtered = sampling.top_k > 0 or sampling.top_p < 1.0
@@ -38,35 +44,50 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
         return None
     mask = rollout.response_mask
     tokens = mask.reshape(-1).nonzero().squeeze(1)  # flat [n * T] index of each response token
-    if settings.policy.blockwise_lm_head and uses_blockwise_head(model):
-        states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, mask.shape[1])[mask]
-        weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
-        vocab, dtype, logits_of = weight.shape[0], weight.dtype, _head_chunks(states, weight, bias)
-    else:
-        logits = response_logits(model, rollout.sequences, rollout.attention_mask, mask.shape[1])[0]
-        vocab, dtype = logits.shape[-1], logits.dtype
-        flat = logits.reshape(-1, vocab)
-
-        def logits_of(start: int, stop: int, out: Tensor) -> Tensor:
-            return torch.index_select(flat, 0, tokens[start:stop], out=out)
-
-    rows = settings.policy.logprob_chunk_size or default_chunk_rows(vocab, device=mask.device)
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if not tokens.numel():
+        return out
+    logits_of, vocab, dtype = _logits_chunks(model, rollout, settings, tokens)
+    rows = settings.policy.logprob_chunk_size or default_chunk_rows(vocab, device=mask.device)
     filters = {"top_k": sampling.top_k, "top_p": sampling.top_p}
     _reduce_chunks(logits_of, tokens, out.view(-1), (rows, vocab, dtype), sampling.temperature, filters)
     return out
 
 
-def _head_chunks(states: Tensor, weight: Tensor, bias: Tensor | None) -> LogitsChunk:
-    """Logits of response tokens ``start:stop`` from their final hidden states ``states`` ``[M, H]``: the same
-    ``addmm`` / ``mm`` as the model's ``nn.Linear`` head, written into the caller's buffer."""
+def _logits_chunks(
+    model: nn.Module, rollout: RolloutBatch, settings: RFTSettings, tokens: Tensor
+) -> tuple[LogitsChunk, int, torch.dtype]:
+    """``(logits of response tokens start:stop, V, logits dtype)`` for :func:`kept_set_log_mass` (one forward;
+    ``tokens``: the flat ``[n * T]`` index of each response token)."""
+    packed, width = settings.update.pack_sequences, rollout.response_mask.shape[1]
+    if packed:
+        check_packing_attention(model)
+    head = logits_head(model)
+    if head is None:  # the config transforms the logits: the model's own, at the response positions only
+        if packed:
+            logits = packed_forward(model, pack_rows(rollout), logits=True)[0]  # [M, V], response-token order
+            return (lambda start, stop, out: logits[start:stop]), logits.shape[-1], logits.dtype
+        flat = response_logits(model, rollout.sequences, rollout.attention_mask, width)[0].flatten(0, 1)
 
-    def logits_of(start: int, stop: int, out: Tensor) -> Tensor:
-        if bias is None:
-            return torch.mm(states[start:stop], weight.t(), out=out)
-        return torch.addmm(bias, states[start:stop], weight.t(), out=out)
+        def padded_logits(start: int, stop: int, out: Tensor) -> Tensor:
+            return torch.index_select(flat, 0, tokens[start:stop], out=out)
 
-    return logits_of
+        return padded_logits, flat.shape[-1], flat.dtype
+    if packed:
+        states = packed_forward(model, pack_rows(rollout, binned=packs_in_bins(model)))[1]  # [M, H]
+    else:
+        states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, width)
+        states = states[rollout.response_mask]
+    params = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
+    if settings.policy.blockwise_lm_head and params is not None:
+        weight, bias = params
+
+        def head_logits(start: int, stop: int, out: Tensor) -> Tensor:
+            return block_logits(states[start:stop], weight, bias, out)
+
+        return head_logits, weight.shape[0], weight.dtype
+    probe = head(states[:1])  # any other head module: called on each chunk, a [chunk, V] tensor each time
+    return (lambda start, stop, out: head(states[start:stop])), probe.shape[-1], probe.dtype
 
 
 def _reduce_chunks(

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from lit_entropy.functional.rollout_correction import mismatch_metrics
 from lit_entropy.rollout import HFRolloutEngine, RolloutBatch, SamplingConfig
-from lit_entropy.settings import PolicyConfig, RFTSettings, RolloutCorrectionConfig
+from lit_entropy.settings import PolicyConfig, RFTSettings, RolloutCorrectionConfig, UpdateConfig
 from lit_entropy.step import RolloutStatistics, build_experience, response_forward
 from lit_entropy.step.kept_set import kept_set_log_mass
 
@@ -102,15 +102,43 @@ def _reference_kept_log_mass(model, rollout, temperature, top_k, top_p):
     return ref, widest
 
 
-@pytest.mark.parametrize("blockwise", [True, False])
+class _WrappedHead(torch.nn.Module):
+    """An LM head that is not an ``nn.Linear`` (as a LoRA-adapted head is): the blockwise path cannot read it."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden)
+
+
+def _with_head(model, head: str):
+    """``head``: ``linear`` (as loaded), ``wrapped`` (:class:`_WrappedHead`) or ``transformed`` (a config logit
+    transform that the kept set cannot reproduce from the head alone; Qwen2's forward ignores the attribute, so the
+    logits, and the reference, stay the same)."""
+    if head == "wrapped":
+        model.set_output_embeddings(_WrappedHead(model.get_output_embeddings()))
+    elif head == "transformed":
+        model.config.final_logit_softcapping = 30.0
+    return model
+
+
+@pytest.mark.parametrize(
+    ("blockwise", "packed", "head"),
+    [(True, False, "linear"), (False, False, "linear"), (True, True, "linear"), (True, False, "wrapped"),
+     (True, True, "wrapped"), (True, False, "transformed"), (True, True, "transformed")],
+)  # fmt: skip
 @pytest.mark.parametrize(("top_k", "top_p"), [(8, 1.0), (0, 0.6), (8, 0.8)])
-def test_kept_set_log_mass_matches_a_float64_brute_force(tiny_model_dir, top_k, top_p, blockwise):
+def test_kept_set_log_mass_matches_a_float64_brute_force(tiny_model_dir, top_k, top_p, blockwise, packed, head):
     model, rollout = _tied_rollout_model(tiny_model_dir)
+    model = _with_head(model, head)
     sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=top_p, top_k=top_k, max_new_tokens=7)
     settings = RFTSettings.build(
         sampling=sampling,
         rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
         policy=PolicyConfig(logprob_chunk_size=3, blockwise_lm_head=blockwise),
+        update=UpdateConfig(pack_sequences=packed),
     )
     got = kept_set_log_mass(model, rollout, settings)
     ref, widest = _reference_kept_log_mass(model, rollout, 0.7, top_k, top_p)
@@ -141,16 +169,45 @@ class _LargestVocabTensor(TorchDispatchMode):
         return out
 
 
-def test_kept_set_log_mass_holds_one_chunk_of_vocabulary_sized_tensors(tiny_model_dir):
+@pytest.mark.parametrize(("head", "packed"), [("linear", False), ("linear", True), ("wrapped", False)])
+def test_kept_set_log_mass_holds_one_chunk_of_vocabulary_sized_tensors(tiny_model_dir, head, packed):
     model, rollout = _tied_rollout_model(tiny_model_dir)
+    model = _with_head(model, head)
     vocab, rows = model.config.vocab_size, 3
     sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=0.6, top_k=8, max_new_tokens=7)
     settings = RFTSettings.build(
         sampling=sampling,
         rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
         policy=PolicyConfig(logprob_chunk_size=rows),
+        update=UpdateConfig(pack_sequences=packed),
     )
     assert rollout.response_mask.sum() > rows  # several chunks; the old full-logits pass held all 4 x 7 rows
     with _LargestVocabTensor(vocab) as seen:
         kept_set_log_mass(model, rollout, settings)
     assert 0 < seen.largest <= rows * vocab
+
+
+def test_packed_kept_set_equals_the_padded_one_on_mixed_lengths(tiny_model_dir):
+    """The packed layout (bins of the sdpa path) gives the padded pass's values, position by position."""
+    model, rollout = _tied_rollout_model(tiny_model_dir)
+    model = model.double()
+    sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=0.8, top_k=8, max_new_tokens=7)
+    out, calls = [], []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: calls.append(kwargs), with_kwargs=True)
+    for packed in (False, True):
+        settings = RFTSettings.build(
+            sampling=sampling,
+            rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+            policy=PolicyConfig(logprob_chunk_size=3),
+            update=UpdateConfig(pack_sequences=packed),
+        )
+        seen = len(calls)
+        out.append(kept_set_log_mass(model, rollout, settings))
+        (call,) = calls[seen:]  # one forward, packed: no attention mask, fewer positions than the padded rows
+        assert (call["attention_mask"] is None) == packed
+        assert (call["input_ids"].numel() < rollout.sequences.numel()) == packed
+    hook.remove()
+    padded, packed_mass = out
+    assert rollout.attention_mask.sum(-1).unique().numel() > 2  # rows of different real lengths
+    assert (padded[rollout.response_mask] < -1e-3).all()
+    torch.testing.assert_close(packed_mass, padded, rtol=0, atol=1e-6)  # float32 scores from float64 logits

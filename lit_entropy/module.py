@@ -41,11 +41,11 @@ from lit_entropy.settings import (
     UpdateConfig,
 )
 from lit_entropy.step import (
-    SHARE_TERMS,
     Experience,
     ResponseForward,
     RolloutStatistics,
     UpdateLoss,
+    UpdateTerms,
     build_experience,
     build_optimizer,
     clip_grad_norm_and_agree,
@@ -335,7 +335,7 @@ class RFTModule(LightningModule):
         update = self.settings.update
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         rows, reused = experience.loss_mask.shape[0], experience.update_forward is not None
-        count, norms, sums = 0, [], {}  # sums: loss term -> float
+        norms, terms = [], UpdateTerms()
         for _ in range(update.epochs):
             # A reused statistics forward covers the rows in their original order.
             order = torch.arange(rows, device=self.device) if reused else torch.randperm(rows, device=self.device)
@@ -349,12 +349,10 @@ class RFTModule(LightningModule):
                     # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
                     self.manual_backward(out.loss)
                     if mb.numel():
-                        for key, value in out.terms.items():
-                            sums[key] = sums.get(key, 0.0) + float(value)
-                        count += 1
+                        terms.add(out)
                 norms.append(self.clip_and_step(optimizer, finite_loss=finite))
                 scheduler.step()
-        out = {key: value / max(len(norms) if key in SHARE_TERMS else count, 1) for key, value in sums.items()}
+        out = terms.means(len(norms))
         out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
         return out
 

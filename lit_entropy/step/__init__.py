@@ -12,7 +12,14 @@ from lit_entropy.step.experience import (
     token_advantages,
 )
 from lit_entropy.step.forward import ResponseForward, response_forward, response_logits, value_estimates
-from lit_entropy.step.loss import SHARE_TERMS, UpdateLoss, global_loss_normalizer, rows_update_loss, update_loss
+from lit_entropy.step.loss import (
+    SHARE_TERMS,
+    UpdateLoss,
+    UpdateTerms,
+    global_loss_normalizer,
+    rows_update_loss,
+    update_loss,
+)
 from lit_entropy.step.schedule import (
     build_optimizer,
     clip_grad_norm_and_agree,
@@ -28,6 +35,7 @@ __all__ = [
     "ResponseForward",
     "RolloutStatistics",
     "UpdateLoss",
+    "UpdateTerms",
     "advantage_options",
     "build_experience",
     "build_optimizer",

@@ -24,6 +24,7 @@ from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, r
 __all__ = [
     "SHARE_TERMS",
     "UpdateLoss",
+    "UpdateTerms",
     "global_loss_normalizer",
     "policy_loss_extras",
     "rows_update_loss",
@@ -34,7 +35,7 @@ __all__ = [
 SHARE_TERMS = frozenset({"pg_loss", "kl", "entropy_bonus", "token_penalty", "value_loss"})
 """Terms of :class:`UpdateLoss` that are a micro-batch's share of its optimizer step's loss (divided by the step's
 global count): they add up over the step's micro-batches. The others (``approx_kl``, ``value_clip_frac``) are
-means over the micro-batch's own tokens."""
+means over the micro-batch's own loss tokens (see :class:`UpdateTerms`)."""
 
 
 @dataclass
@@ -54,6 +55,33 @@ class UpdateLoss:
     terms: dict[str, Tensor]
     policy_stats: PolicyLossStats
     loss_tokens: Tensor
+
+
+class UpdateTerms:
+    """The loss terms of one update (every micro-batch of every optimizer step), each averaged as it is defined.
+
+    Share terms (:data:`SHARE_TERMS`) add up over a step's micro-batches and are averaged over the steps. The
+    token means (``approx_kl``, ``value_clip_frac``: masked means over a micro-batch's loss tokens) are weighted by
+    each micro-batch's loss tokens, so the result is their mean over every loss token of the update, whatever the
+    split (token-budget micro-batches hold different token counts), as TRL's PPO trainer pools them
+    (huggingface/trl#7041); verl and TRL's GRPO trainer average the micro-batches' means unweighted.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.tokens = 0.0  # loss tokens of the micro-batches added
+
+    def add(self, out: UpdateLoss) -> None:
+        """Count one (non-empty) micro-batch's terms."""
+        tokens = float(out.loss_tokens)
+        self.tokens += tokens
+        for key, value in out.terms.items():
+            weight = 1.0 if key in SHARE_TERMS else tokens
+            self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+
+    def means(self, steps: int) -> dict[str, float]:
+        """Each term's mean over the ``steps`` optimizer steps (share terms) or over the loss tokens (0 without)."""
+        return {key: value / max(steps if key in SHARE_TERMS else self.tokens, 1) for key, value in self.sums.items()}
 
 
 def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:

@@ -10,8 +10,14 @@ from _micro_batch_data import mixed_rollout, random_experience
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.functional.policy_loss import LOSS_AGG_MODES
 from lit_entropy.models.tiny import build_qwen2
-from lit_entropy.settings import LossConfig, PolicyConfig, RFTSettings, UpdateConfig
-from lit_entropy.step import global_loss_normalizer, rows_update_loss
+from lit_entropy.settings import LossConfig, PolicyConfig, PPOConfig, RFTSettings, UpdateConfig
+from lit_entropy.step import (
+    UpdateTerms,
+    global_loss_normalizer,
+    response_forward,
+    rows_update_loss,
+    update_loss,
+)
 from lit_entropy.step.micro_batches import (
     group_rows,
     micro_batch_tokens,
@@ -136,3 +142,56 @@ def test_the_statistics_pass_under_a_budget_equals_the_padded_pass(tmp_path, blo
         a, b = getattr(want, name), getattr(got, name)
         assert b.shape == a.shape
         torch.testing.assert_close(b[mask], a[mask], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_token_means_over_budget_micro_batches_are_those_of_every_loss_token(model):
+    """``approx_kl`` and ``value_clip_frac`` of an update split into token-budget micro-batches of different token
+    counts equal one big micro-batch's and a by-hand mean over every loss token; the share terms add up."""
+    rollout = mixed_rollout(model.config.vocab_size, PROMPTS, RESPONSES)
+    experience = random_experience(model, rollout)  # old log-probs = the model's + noise: approx_kl > 0
+    gen = torch.Generator().manual_seed(5)
+    mask, loss_mask = rollout.response_mask, experience.loss_mask
+    values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    old_values = values + 0.3 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    returns = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    experience = experience.with_row_tensors({"old_values": old_values, "returns": returns})
+    settings = RFTSettings.build(
+        algorithm="ppo", ppo=PPOConfig(clip_range_value=0.2), loss=LossConfig(kl_coef=0.1, clip_ratio_c=None)
+    )
+    normalizer = global_loss_normalizer(loss_mask, settings.loss.loss_agg_mode)
+
+    def update_terms(plan, trim):
+        terms, per_micro = UpdateTerms(), []
+        for index in plan:
+            rows = experience.micro_batch(index, trim=trim)
+            with torch.no_grad():
+                forward = response_forward(model, rows.rollout, temperature=1.0)
+            width = rows.loss_mask.shape[1]
+            out = update_loss(forward, rows, settings, normalizer=normalizer, values=values[index][:, :width])
+            terms.add(out)
+            per_micro.append({key: float(value) for key, value in out.terms.items()})
+        return terms.means(1), per_micro
+
+    everything = torch.arange(len(PROMPTS))
+    want, _ = update_terms([everything], trim=False)
+    plan = micro_batches(rollout, UpdateConfig(max_tokens_per_micro_batch=BUDGET), everything)
+    got, per_micro = update_terms(plan, trim=True)
+    counts = [int(loss_mask[p].sum()) for p in plan]
+    assert len(plan) > 2 and len(set(counts)) > 1  # micro-batches of different loss-token counts
+    assert got.keys() == want.keys() >= {"approx_kl", "value_clip_frac", "pg_loss", "kl", "value_loss"}
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+    # by hand, over every loss token: k3 of the ratio, and where the clipped value's squared error is the larger
+    with torch.no_grad():
+        logprobs = response_forward(model, rollout, temperature=1.0).stats.logprobs
+    log_ratio = (logprobs - experience.old_logprobs)[loss_mask]
+    k3 = (log_ratio.exp() - 1 - log_ratio).mean()
+    clipped = torch.minimum(torch.maximum(values, old_values - 0.2), old_values + 0.2)
+    binds = ((clipped - returns).square() > (values - returns).square())[loss_mask].double().mean()
+    assert got["approx_kl"] == pytest.approx(float(k3), rel=1e-9) and 0 < binds < 1
+    assert got["value_clip_frac"] == pytest.approx(float(binds), rel=1e-9)
+    # the unweighted mean of the micro-batches' means (the old aggregation) is off
+    for key in ("approx_kl", "value_clip_frac"):
+        naive = sum(m[key] for m in per_micro) / len(per_micro)
+        assert abs(naive - want[key]) > 1e-4, key

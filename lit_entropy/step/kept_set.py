@@ -102,9 +102,7 @@ def _reduce_chunks(
     reused ``[rows, V]`` buffers (``buffer = (rows, V, dtype)``: the logits in the model's dtype, their float32
     temperature-scaled copy)."""
     rows, vocab, dtype = buffer
-    count = tokens.numel()
-    if count == 0:
-        return
+    count = tokens.numel()  # > 0: kept_set_log_mass returns before a forward without response tokens
     rows = min(rows, count)
     raw = torch.empty(rows, vocab, dtype=dtype, device=out.device)
     scaled = raw if dtype == torch.float32 else torch.empty(rows, vocab, dtype=torch.float32, device=out.device)

@@ -4,18 +4,21 @@ Each revision is exported with ``git archive`` into a temporary directory and tr
 (``PYTHONPATH`` = that tree, one intra-op thread): ``lit-entropy fit --config configs/grpo_tiny.yaml`` (the
 revision's own config, same seed) for ``--steps`` optimizer steps, without checkpoints or validation. Then every
 training scalar (``train/*``) that both runs logged is compared step by step: the TensorBoard values (float32) must
-be equal bit for bit. Tags only one revision logs (a dashboard change) are listed, not compared.
+be equal bit for bit. Tags only one revision logs (a dashboard change) are listed, not compared. The final weights are
+compared too: each run exports its policy at the end of training (``model.logging.export_on_train_end``, on by
+default) and :func:`weights_hash` is sha256 over its tensors in key order; the two hashes must be equal.
 
 Example (the commit before issue 26's first commit against the current tree)::
 
     python scripts/default_exactness.py --base 111fd2c~1 --head HEAD --steps 10
 
-Exit status 0 when every shared scalar is identical, 1 otherwise.
+Exit status 0 when every shared scalar and the final weights are identical, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import subprocess
@@ -29,7 +32,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from run_summary import read_scalars  # noqa: E402  (scripts/ on sys.path)
 
-__all__ = ["compare_scalars", "export_revision", "main", "train_default"]
+__all__ = ["compare_scalars", "export_revision", "main", "train_default", "weights_hash"]
 
 Scalars = dict[str, list[tuple[int, float]]]
 
@@ -63,6 +66,29 @@ def train_default(tree: Path, logs: Path, steps: int) -> Path:
     return runs[0]
 
 
+def weights_hash(export_dir: Path) -> str:
+    """sha256 over the tensors of an exported ``save_pretrained`` directory, in key order.
+
+    Each tensor contributes its name, dtype, shape and raw bytes, so a renamed, recast or reshaped tensor changes
+    the hash as surely as a changed value. Reads every ``*.safetensors`` shard in the directory.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    shards = sorted(export_dir.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no *.safetensors under {export_dir}: was the policy exported?")
+    tensors = {}
+    for shard in shards:
+        tensors.update(load_file(str(shard)))
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # bytes of any dtype (bf16 too)
+    return digest.hexdigest()
+
+
 def compare_scalars(base: Scalars, head: Scalars, prefix: str = "train/") -> dict[str, list[str]]:
     """Tags (starting with ``prefix``) that differ, that are equal, and that only one side logged.
 
@@ -90,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    scalars, commits = {}, {}
+    scalars, commits, hashes = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for side in ("base", "head"):
             tree = Path(tmp) / side / "tree"
             commits[side] = export_revision(getattr(args, side), tree)
-            scalars[side] = read_scalars(train_default(tree, Path(tmp) / side / "logs", args.steps))
+            run = train_default(tree, Path(tmp) / side / "logs", args.steps)
+            scalars[side], hashes[side] = read_scalars(run), weights_hash(run / "hf_model")
     result = compare_scalars(scalars["base"], scalars["head"])
     points = sum(len(scalars["base"][tag]) for tag in result["equal"] + result["differ"])
     print(f"base {commits['base'][:10]} ({args.base}), head {commits['head'][:10]} ({args.head}), {args.steps} steps")
@@ -108,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     for side in ("base_only", "head_only"):
         if result[side]:
             print(f"logged by {side.replace('_only', '')} only (not compared): {', '.join(result[side])}")
-    return 1 if result["differ"] else 0
+    same = hashes["base"] == hashes["head"]
+    print(f"final weights sha256: base {hashes['base']}, head {hashes['head']} ({'identical' if same else 'DIFFER'})")
+    return 1 if result["differ"] or not same else 0
 
 
 if __name__ == "__main__":

@@ -73,3 +73,27 @@ def test_profile_tiny_run_prints_the_split(capsys):
     assert transformer is not None
     assert float(transformer.group(1)) == pytest.approx(out["padded"] - out["vocabulary"], abs=0.006)
     assert float(transformer.group(2)) == pytest.approx(out["packed"] - out["vocabulary"], abs=0.006)
+
+
+def test_weights_hash_covers_names_dtypes_shapes_and_bytes(tmp_path):
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    exact = load_script("default_exactness")
+    b = torch.tensor([[1.0, -2.0]], dtype=torch.bfloat16)
+    a = torch.arange(3, dtype=torch.float32)
+    save_file({"b": b, "a": a}, str(tmp_path / "model.safetensors"))
+    # Reference: the same recipe written out by hand, keys sorted (a before b whatever the file's order).
+    expected = hashlib.sha256()
+    expected.update(b"a|torch.float32|(3,)|" + np.arange(3, dtype=np.float32).tobytes())
+    expected.update(b"b|torch.bfloat16|(1, 2)|" + bytes([0x80, 0x3F, 0x00, 0xC0]))  # bf16 1.0, -2.0 little-endian
+    assert exact.weights_hash(tmp_path) == expected.hexdigest()
+    # One changed value, or the same bytes under another shape, change the hash.
+    a_next = torch.nextafter(a, torch.full_like(a, 10.0))  # one float32 ulp up
+    save_file({"b": b, "a": a_next}, str(tmp_path / "model.safetensors"))
+    assert exact.weights_hash(tmp_path) != expected.hexdigest()
+    save_file({"b": b.reshape(2, 1), "a": a}, str(tmp_path / "model.safetensors"))
+    assert exact.weights_hash(tmp_path) != expected.hexdigest()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        exact.weights_hash(tmp_path / "missing")

@@ -106,6 +106,11 @@ CASES = [
      ["trainer.accumulate_grad_batches:", "model.update.micro_batch_size", "got 2"]),
     ("reward", ["--model.reward.fn=no_such_reward"], None, None, ["model.reward.fn", "'no_such_reward'"]),
     ("missing value", ["--model.reward"], None, "model.reward: expected one argument", []),
+    # Issue 35 §5: a negative number after a space is the value (argparse took -1e-4 for an option).
+    ("negative number", ["--model.optim.lr", "-1e-4"], None,
+     "model.optim.lr must be a finite number > 0 or null, got -0.0001", []),
+    ("negative fraction", ["--model.loss.clip_ratio_low", "-.1"], None,
+     "model.loss.clip_ratio_low must be a number in [0, 1), got -0.1", []),
 ]  # fmt: skip
 
 

@@ -169,7 +169,7 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> 
     done = [r["done"] for r in runs.values()]
     summary = {
         "experiment": experiment,
-        "planned_runs": len(design.arms) * len(design.seeds),
+        "planned_runs": design.planned_runs,
         "directory": design.directory,
         "code_revision": done[0]["code_revision"] if done else None,
         "torch": sorted({d["torch"] for d in done}),

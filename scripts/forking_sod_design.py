@@ -7,11 +7,13 @@ import the analysis that imports it). Every experiment shares the task's base mo
 
 * ``sod`` (issue 24, experiment C): ``experiments/sod/PREREGISTRATION.md``.
 * ``sod_clipv`` (amendment: the Clip_V arm C dropped): ``experiments/sod_clipv/PREREGISTRATION.md``.
+* ``sod_robust`` (issue 39, experiment E: three base models, Clip_B at mu 2.0 / 2.5 / 3.0, Holm over the three mu):
+  ``experiments/sod_robust/PREREGISTRATION.md``. Its units are (base, seed) pairs; run names carry the base.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["DELTA", "EXPERIMENTS", "LABELS", "Experiment"]
 
@@ -21,6 +23,8 @@ DELTA = 0.02
 LABELS = {
     "grpo": "GRPO",
     "clip_b": "Clip_B mu 2.5",
+    "clip_b_mu2": "Clip_B mu 2.0",
+    "clip_b_mu3": "Clip_B mu 3.0",
     "replay_mask": "random mask, Clip_B's per-step count replayed",
     "replay_role": "random mask, count replayed per token role",
     "grpo_null": "GRPO, other data order (null)",
@@ -41,6 +45,12 @@ class Experiment:
         comparisons: (treated, control) pairs judged by the rule, in the pre-registered order.
         marker: README block marker (``<!-- marker:begin -->``).
         seeds: RL seeds (each sets the sampling and the data order).
+        bases: base model -> its directory under ``scripts/forking/experiments/``; the unit is then a (base,
+            seed) pair and a run is named ``<base>__<arm>__s<seed>``. Empty: the task's one base model
+            (``sod/model``), units are seeds and runs are named ``<arm>__s<seed>``.
+        rule: ``"c"``: C's verdict rule (95 % t interval, raw sign-flip p, "none" also when the interval
+            excludes 0 below the floor). ``"holm"``: issue 39's rule (Holm-adjusted p and Bonferroni intervals
+            over each family of comparisons, "none" only inside the floor, "small, consistent" otherwise).
     """
 
     directory: str
@@ -49,6 +59,12 @@ class Experiment:
     comparisons: tuple[tuple[str, str], ...]
     marker: str
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+    bases: dict[str, str] = field(default_factory=dict)
+    rule: str = "c"
+
+    @property
+    def planned_runs(self) -> int:
+        return len(self.arms) * len(self.seeds) * max(len(self.bases), 1)
 
 
 EXPERIMENTS = {
@@ -89,5 +105,20 @@ EXPERIMENTS = {
             ("clip_v_rescaled", "clip_b"),
         ),
         marker="sod-clipv-results",
+    ),
+    "sod_robust": Experiment(
+        directory="sod_robust",
+        arms={
+            "grpo": "grpo.yaml",
+            "clip_b": "clip_b.yaml",
+            "clip_b_mu2": "clip_b_mu2.yaml",
+            "clip_b_mu3": "clip_b_mu3.yaml",
+        },
+        first=("grpo", "clip_b", "clip_b_mu2", "clip_b_mu3"),
+        # The primary family (Holm over the three mu), in mu order.
+        comparisons=(("clip_b_mu2", "grpo"), ("clip_b", "grpo"), ("clip_b_mu3", "grpo")),
+        marker="sod-robust-results",
+        bases={"sod-s0": "sod/model", "sod-s1": "sod_robust/models/sod-s1", "sod-s2": "sod_robust/models/sod-s2"},
+        rule="holm",
     ),
 }

@@ -7,6 +7,8 @@ their own strategy at least ``--target`` of the time: it executes both strategie
 learnt the rule. Writes ``<out>/model`` and ``<out>/data/{train,validation,test}.jsonl``.
 
     python scripts/make_sod_model.py --out scripts/forking/experiments/sod      # ~2 min at 1 thread
+    # experiment E's bases: another SFT seed, C's data (the splits do not depend on the seed)
+    python scripts/make_sod_model.py --out scripts/forking/experiments/sod_robust/models/sod-s1 --seed 1 --model-only
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ MAX_NEW_TOKENS = 10  # longest response "L99+9=108" is 9 tokens, then <eos>
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="experiment directory: model/ and data/")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="SFT seed: initialisation, SFT examples and their order")
+    p.add_argument("--model-only", action="store_true", help="write <out> as the model directory, no data splits")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=64)
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = build_char_tokenizer(SOD_ALPHABET, model_max_length=32)
-    write_splits(args.out / "data", {s: make_sod_examples(s) for s in SOD_SPLITS})
+    if not args.model_only:
+        write_splits(args.out / "data", {s: make_sod_examples(s) for s in SOD_SPLITS})
     sft = make_sod_examples("train", seed=1000 + args.seed, prior_l=SOD_BASE_PRIOR_L, n=200_000)
     val = make_sod_examples("validation")
     model = build_qwen2(
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
             if stats["self_consistency"] >= args.target:
                 break
-    out = args.out / "model"
+    out = args.out if args.model_only else args.out / "model"
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

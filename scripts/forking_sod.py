@@ -12,13 +12,16 @@ pass@k = 1 - (1 - p)^k exactly. Per run it writes ``<exp>/per_run/<run>/{eval.cs
     nice -n 19 python scripts/forking_sod.py --run               # run what remains (resumable; several workers ok)
     python scripts/forking_sod.py --analyze --update-readme      # tables, verdict, README block
     python scripts/forking_sod.py --experiment sod_clipv --status  # the Clip_V amendment (likewise --run, ...)
+    python scripts/forking_sod.py --experiment sod_robust --validate  # E's base models at step 0, before any run
 
 Arms of ``--experiment sod`` (the default, experiment C): ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every
 step, as many random A < 0 tokens as the Clip_B run of the same seed masked at that step: needs that run first);
 ``replay_role`` (the same count per token role); ``grpo_null`` (GRPO with another data-order seed: the null
 calibration). ``--experiment sod_clipv`` (``experiments/sod_clipv/PREREGISTRATION.md``): ``grpo``, ``clip_v``
 (mu 8.5, cap 1e-4), ``clip_v_rescaled`` (mu 8.5, cap 0.072) and ``clip_b``, run under their own commit.
-Experiments and arms are defined in ``forking_sod_design.py``.
+``--experiment sod_robust`` (issue 39, experiment E): ``grpo`` and Clip_B at mu 2.5 / 2.0 / 3.0 on three base
+models (C's and two more SFT seeds); its runs are named ``<base>__<arm>__s<seed>`` and run unit by unit.
+Experiments, arms and bases are defined in ``forking_sod_design.py``.
 """
 
 from __future__ import annotations
@@ -61,8 +64,17 @@ CODE_PATHS = (
 )
 
 
-def run_name(arm: str, seed: int) -> str:
-    return f"{arm}__s{seed}"
+#: A run: (base, arm, seed); base is None in a one-base experiment (C's base, runs named without it).
+Key = tuple[str | None, str, int]
+
+
+def run_name(arm: str, seed: int, base: str | None = None) -> str:
+    return f"{arm}__s{seed}" if base is None else f"{base}__{arm}__s{seed}"
+
+
+def model_dir(design: Experiment, base: str | None) -> Path:
+    """The base model a run of ``design`` starts from (C's, ``sod/model``, when the design has one base)."""
+    return EXP / "model" if base is None else EXPERIMENTS_DIR / design.bases[base]
 
 
 def code_revision() -> str:
@@ -82,7 +94,9 @@ def code_revision() -> str:
     return rev + ("+dirty" if dirty else "")
 
 
-def cli_args(arm: str, seed: int, steps: int, run_dir: Path, arms: dict[str, str] = ARMS) -> list[str]:
+def cli_args(
+    arm: str, seed: int, steps: int, run_dir: Path, arms: dict[str, str] = ARMS, model: Path = EXP / "model"
+) -> list[str]:
     data_seed = seed + NULL_DATA_SEED_OFFSET if arm == "grpo_null" else seed
     return [
         "--config",
@@ -96,7 +110,7 @@ def cli_args(arm: str, seed: int, steps: int, run_dir: Path, arms: dict[str, str
         f"--data.seed={data_seed}",
         f"--trainer.default_root_dir={run_dir}",
         "--val_before_train=false",
-        f"--model.policy.model_name_or_path={EXP / 'model'}",
+        f"--model.policy.model_name_or_path={model}",
         f"--data.train_dataset={EXP / 'data' / 'train.jsonl'}",
     ]
 
@@ -159,14 +173,21 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def train_one(
-    arm: str, seed: int, steps: int, eval_every: int, exp: Path, design: Experiment = EXPERIMENTS["sod"]
+    arm: str,
+    seed: int,
+    steps: int,
+    eval_every: int,
+    exp: Path,
+    design: Experiment = EXPERIMENTS["sod"],
+    base: str | None = None,
 ) -> None:
     from lit_entropy.cli import cli_main
 
-    run_dir = exp / "per_run" / run_name(arm, seed)
+    name = run_name(arm, seed, base)
+    run_dir = exp / "per_run" / name
     # Named by experiment too: two experiments' runs of one arm and seed may go side by side.
-    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / f"{exp.name}__{run_name(arm, seed)}"
-    cli = cli_main(args=cli_args(arm, seed, steps, scratch, design.arms), run=False)
+    scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / f"{exp.name}__{name}"
+    cli = cli_main(args=cli_args(arm, seed, steps, scratch, design.arms, model_dir(design, base)), run=False)
     eval_rows: list[dict[str, Any]] = []
 
     def on_step(step: int, pl_module: Any) -> None:
@@ -177,7 +198,7 @@ def train_one(
     cli.trainer.callbacks.append(recorder)
     replay = None
     if arm.startswith("replay"):
-        source = exp / "per_run" / run_name("clip_b", seed) / "train.csv"
+        source = exp / "per_run" / run_name("clip_b", seed, base) / "train.csv"
         if not source.exists():
             raise FileNotFoundError(f"{arm} replays {source}: run clip_b seed {seed} first")
         replay = ReplayedCountMasking(read_counts(source), by_role=arm == "replay_role", seed=seed)
@@ -187,7 +208,7 @@ def train_one(
     seconds = time.perf_counter() - t0
     if int(cli.trainer.global_step) != steps or len(recorder.rows) != steps:
         # Lightning ends fit() quietly on SIGTERM: an interrupted run must not be marked done.
-        raise RuntimeError(f"{run_name(arm, seed)} stopped at step {cli.trainer.global_step} of {steps}; not done")
+        raise RuntimeError(f"{name} stopped at step {cli.trainer.global_step} of {steps}; not done")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_csv(run_dir / "eval.csv", eval_rows)
     write_csv(run_dir / "train.csv", recorder.rows)
@@ -202,12 +223,82 @@ def train_one(
     (run_dir / "done.json").write_text(json.dumps(done) + "\n")
 
 
+#: Experiment E's validity rule for a base model before RL (``experiments/sod_robust/PREREGISTRATION.md``).
+SFT_TARGET = 0.86
+MIN_PASS64 = 0.90
+MIN_PASS64_DIFF = 0.50
+P_R_RANGE = (0.15, 0.35)
+MAX_P_R_GAP = 0.05
+
+
+def base_failures(m: dict[str, float]) -> list[str]:
+    """The pre-registered validity rule's failed conditions for one base (empty: valid). ``m`` holds the SFT
+    report's ``val_self_consistency`` and the step-0 ``pass@64``, ``pass@64_diff``, ``p_R_diff``, ``p_R_sum``."""
+    fails = []
+    if m["val_self_consistency"] < SFT_TARGET:
+        fails.append(f"SFT stopped below the target: self-consistency {m['val_self_consistency']:.3f} < {SFT_TARGET}")
+    if m["pass@64"] < MIN_PASS64:
+        fails.append(f"step-0 pass@64 {m['pass@64']:.3f} < {MIN_PASS64}")
+    if m["pass@64_diff"] < MIN_PASS64_DIFF:
+        fails.append(f"step-0 pass@64 on diff prompts {m['pass@64_diff']:.3f} < {MIN_PASS64_DIFF}")
+    for cls in ("diff", "sum"):
+        if not P_R_RANGE[0] <= m[f"p_R_{cls}"] <= P_R_RANGE[1]:
+            fails.append(f"P(first token R) on {cls} prompts {m[f'p_R_{cls}']:.3f} outside {list(P_R_RANGE)}")
+    if abs(m["p_R_diff"] - m["p_R_sum"]) > MAX_P_R_GAP:
+        fails.append(f"P(R) differs by {abs(m['p_R_diff'] - m['p_R_sum']):.3f} > {MAX_P_R_GAP} between classes")
+    return fails
+
+
+def validate(design: Experiment, exp: Path, bases: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Step-0 exact test metrics of each base model (C's evaluation) and the validity rule; writes
+    ``<exp>/models/validation.json``. Run before any RL run of the experiment."""
+    from forking_sod_analysis import endpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not design.bases:
+        raise ValueError("--validate checks the base models of an experiment with several (--experiment sod_robust)")
+    out = {}
+    for base in bases or tuple(design.bases):
+        path = model_dir(design, base)
+        policy = AutoModelForCausalLM.from_pretrained(path)
+        rows = evaluate(policy, AutoTokenizer.from_pretrained(path), step=0)
+        sft = json.loads((path / "sft_report.json").read_text())
+        m = {"model": str(path.relative_to(ROOT)), "sft_seed": sft["seed"], "sft_steps": sft["sft_steps"]}
+        m["val_self_consistency"] = sft["val_self_consistency"]
+        m.update({k: round(v, 4) for k, v in endpoint(rows).items()})
+        for cls in ("sum", "diff"):
+            m.update({f"{k}_{cls}": round(v, 4) for k, v in endpoint(rows, cls).items()})
+        m["failures"] = base_failures(m)
+        m["valid"] = not m["failures"]
+        out[base] = m
+        print(f"[validate] {base}: {json.dumps(m)}", flush=True)
+    (exp / "models").mkdir(parents=True, exist_ok=True)
+    (exp / "models" / "validation.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 def planned(
-    arms: tuple[str, ...], seeds: tuple[int, ...], design: Experiment = EXPERIMENTS["sod"]
-) -> list[tuple[str, int]]:
-    """Seed-major, and Clip_B before the replay arms of its seed (they read its counts)."""
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...],
+    design: Experiment = EXPERIMENTS["sod"],
+    bases: tuple[str, ...] | None = None,
+) -> list[Key]:
+    """Seed-major, then base (in the design's order), then arm; Clip_B before the replay arms of its seed (they
+    read its counts). A unit's arms are thus consecutive. ``bases`` defaults to the design's (None: one base)."""
     order = sorted(arms, key=lambda a: (a.startswith("replay"), list(design.arms).index(a)))
-    return [(a, s) for s in seeds for a in order]
+    chosen: tuple[str | None, ...] = (None,) if not design.bases else tuple(bases or design.bases)
+    return [(b, a, s) for s in seeds for b in chosen for a in order]
+
+
+def _done(exp: Path, key: Key) -> bool:
+    base, arm, seed = key
+    return (exp / "per_run" / run_name(arm, seed, base) / "done.json").exists()
+
+
+def _ready(exp: Path, key: Key) -> bool:
+    """A replay run needs its Clip_B run (same base and seed) finished."""
+    base, arm, seed = key
+    return not arm.startswith("replay") or _done(exp, (base, "clip_b", seed))
 
 
 def claim(run_dir: Path) -> bool:
@@ -228,32 +319,39 @@ def claim(run_dir: Path) -> bool:
     return True
 
 
-def status(exp: Path, arms: tuple[str, ...], seeds: tuple[int, ...], design: Experiment = EXPERIMENTS["sod"]) -> None:
-    for arm, seed in planned(arms, seeds, design):
-        d = exp / "per_run" / run_name(arm, seed)
+def status(
+    exp: Path,
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...],
+    design: Experiment = EXPERIMENTS["sod"],
+    bases: tuple[str, ...] | None = None,
+) -> None:
+    for base, arm, seed in planned(arms, seeds, design, bases):
+        d = exp / "per_run" / run_name(arm, seed, base)
         if (d / "done.json").exists():
             info = json.loads((d / "done.json").read_text())
             state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
         else:
             state = "claimed (running?)" if (d / "claim").exists() else "todo"
-        print(f"{run_name(arm, seed):20s} {state}")
+        print(f"{run_name(arm, seed, base):28s} {state}")
 
 
 def execute(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
     design = EXPERIMENTS[args.experiment]
-    for arm, seed in planned(arms, seeds, design):
-        d = args.exp / "per_run" / run_name(arm, seed)
-        if (d / "done.json").exists():
+    for key in planned(arms, seeds, design, args.bases):
+        base, arm, seed = key
+        d = args.exp / "per_run" / run_name(arm, seed, base)
+        if _done(args.exp, key):
             continue
-        if arm.startswith("replay") and not (args.exp / "per_run" / run_name("clip_b", seed) / "done.json").exists():
-            print(f"[forking_sod] skip {run_name(arm, seed)}: clip_b s{seed} not done", flush=True)
+        if not _ready(args.exp, key):
+            print(f"[forking_sod] skip {run_name(arm, seed, base)}: its clip_b run is not done", flush=True)
             continue
         if not claim(d):
             continue
         t0 = time.perf_counter()
-        train_one(arm, seed, args.steps, args.eval_every, args.exp, design)
+        train_one(arm, seed, args.steps, args.eval_every, args.exp, design, base)
         (d / "claim").unlink(missing_ok=True)
-        print(f"[forking_sod] {run_name(arm, seed)} done in {time.perf_counter() - t0:.0f}s", flush=True)
+        print(f"[forking_sod] {run_name(arm, seed, base)} done in {time.perf_counter() - t0:.0f}s", flush=True)
 
 
 def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
@@ -261,31 +359,29 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
     run is done. No run starts after ``args.deadline`` seconds; runs still going at ``args.deadline + grace`` are
     killed (their claims are cleared, so ``--status`` lists them as todo)."""
     t0, running, design = time.perf_counter(), {}, EXPERIMENTS[args.experiment]
-    # The design's first arms seed by seed first, so a study cut short has whole seeds of their comparisons.
-    order = list(design.arms)
-    todo = sorted(planned(arms, seeds, design), key=lambda r: (r[0] not in design.first, r[1], order.index(r[0])))
-    todo = [r for r in todo if not (args.exp / "per_run" / run_name(*r) / "done.json").exists()]
+    # The design's first arms seed by seed (unit by unit) first, so a study cut short has whole units of their
+    # comparisons; planned() is already seed, base, arm, and the sort is stable.
+    todo = sorted(planned(arms, seeds, design, args.bases), key=lambda r: r[1] not in design.first)
+    todo = [r for r in todo if not _done(args.exp, r)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     while todo or running:
         for key, proc in list(running.items()):
             if proc.poll() is not None:
                 del running[key]
-                print(f"[pool] {run_name(*key)} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
+                name = run_name(key[1], key[2], key[0])
+                print(f"[pool] {name} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
         elapsed = time.perf_counter() - t0
         if elapsed > args.deadline + args.grace:
             for key, proc in running.items():
                 proc.kill()
-                (args.exp / "per_run" / run_name(*key) / "claim").unlink(missing_ok=True)
-                print(f"[pool] killed {run_name(*key)} at the deadline", flush=True)
+                name = run_name(key[1], key[2], key[0])
+                (args.exp / "per_run" / name / "claim").unlink(missing_ok=True)
+                print(f"[pool] killed {name} at the deadline", flush=True)
             return
-        ready = [
-            r
-            for r in todo
-            if not r[0].startswith("replay") or (args.exp / "per_run" / run_name("clip_b", r[1]) / "done.json").exists()
-        ]
+        ready = [r for r in todo if _ready(args.exp, r)]
         while ready and len(running) < args.workers and elapsed < args.deadline:
-            arm, seed = ready.pop(0)
-            todo.remove((arm, seed))
+            base, arm, seed = key = ready.pop(0)
+            todo.remove(key)
             cmd = [
                 sys.executable,
                 __file__,
@@ -302,10 +398,11 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
                 str(args.steps),
                 "--eval-every",
                 str(args.eval_every),
+                *(["--bases", base] if base is not None else []),
             ]
-            log = (args.exp / "logs").joinpath(f"{run_name(arm, seed)}.log")
+            log = (args.exp / "logs").joinpath(f"{run_name(arm, seed, base)}.log")
             log.parent.mkdir(parents=True, exist_ok=True)
-            running[(arm, seed)] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+            running[key] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
         if not running and (not ready or elapsed >= args.deadline):
             return
         time.sleep(2)
@@ -317,9 +414,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--exp", type=Path, default=None, help="results directory (default: the experiment's)")
     p.add_argument("--arms", default=None, help="default: every arm of the experiment")
     p.add_argument("--seeds", default=None, help="default: the experiment's (0-7)")
+    p.add_argument("--bases", default=None, help="default: the experiment's base models (experiments with several)")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     p.add_argument("--status", action="store_true")
+    p.add_argument("--validate", action="store_true", help="step-0 metrics of the base models and the validity rule")
     p.add_argument("--run", action="store_true")
     p.add_argument("--analyze", action="store_true")
     p.add_argument("--update-readme", action="store_true")
@@ -337,13 +436,23 @@ def main(argv: list[str] | None = None) -> None:
             f"--arms has unknown arms {unknown} for --experiment {args.experiment}; choose from {sorted(design.arms)}"
         )
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else design.seeds
+    if args.bases is not None:
+        args.bases = tuple(b for b in args.bases.split(",") if b)
+        wrong = sorted(set(args.bases) - set(design.bases))
+        if wrong:
+            raise ValueError(
+                f"--bases has unknown bases {wrong} for --experiment {args.experiment}; "
+                f"choose from {sorted(design.bases) or 'none (one base model)'}"
+            )
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import warnings
 
     warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
+    if args.validate:
+        validate(design, args.exp, args.bases)
     if args.status:
-        status(args.exp, arms, seeds, design)
+        status(args.exp, arms, seeds, design, args.bases)
     if args.run:
         (pool if args.workers else execute)(args, arms, seeds)
     if args.analyze or args.update_readme:

@@ -123,3 +123,57 @@ def test_clip_v_caps_of_the_amendment_at_this_batch():
     assert cap_count(n, fracs["clip_v"]) == 1 and math.floor(1e-4 * n) == 0
     assert fracs["clip_v_rescaled"] == pytest.approx(1e-4 * 7168 / 10, abs=5e-4)
     assert cap_count(n, fracs["clip_v_rescaled"]) == math.floor(0.072 * n) == 82
+
+
+def test_robustness_experiment_runs_unit_by_unit_on_its_bases():
+    """Experiment E: (base, seed) units; a unit's four arms consecutive, seed-major then base; each base's model."""
+    sod = _load("forking_sod")
+    design = sod.EXPERIMENTS["sod_robust"]
+    keys = sod.planned(tuple(design.arms), design.seeds, design)
+    assert len(keys) == design.planned_runs == 96
+    arms = ["grpo", "clip_b", "clip_b_mu2", "clip_b_mu3"]
+    assert keys[:12] == [(b, a, 0) for b in ("sod-s0", "sod-s1", "sod-s2") for a in arms]
+    assert keys[-1] == ("sod-s2", "clip_b_mu3", 7)
+    assert sod.run_name("clip_b_mu2", 3, "sod-s1") == "sod-s1__clip_b_mu2__s3" and sod.run_name("grpo", 3) == "grpo__s3"
+    assert sod.model_dir(design, "sod-s0") == sod.EXP / "model"  # C's base, as it is
+    args = sod.cli_args("clip_b_mu3", 5, 400, Path("/tmp/x"), design.arms, sod.model_dir(design, "sod-s2"))
+    assert f"--model.policy.model_name_or_path={sod.EXPERIMENTS_DIR / 'sod_robust/models/sod-s2'}" in args
+    assert str(sod.CONFIGS / "clip_b_mu3.yaml") in args and "--data.seed=5" in args
+    assert sod.planned(("grpo",), (0,), sod.EXPERIMENTS["sod"]) == [(None, "grpo", 0)]
+    with pytest.raises(ValueError, match="unknown bases"):
+        sod.main(["--experiment", "sod_robust", "--bases", "sod-s9", "--status"])
+
+
+def test_robustness_overlays_set_only_mu():
+    import yaml
+
+    sod = _load("forking_sod")
+    arms = sod.EXPERIMENTS["sod_robust"].arms
+    for arm, mu in (("clip_b_mu2", 2.0), ("clip_b", 2.5), ("clip_b_mu3", 3.0)):
+        (cb,) = yaml.safe_load((sod.CONFIGS / arms[arm]).read_text())["trainer"]["callbacks"]
+        assert cb["init_args"] == {"method": "clip_b", "mu": mu}
+
+
+def test_base_validity_rule():
+    sod = _load("forking_sod")
+    # C's base (experiments/sod/PREREGISTRATION.md): valid
+    c = {"val_self_consistency": 0.9075, "pass@64": 0.978, "pass@64_diff": 0.930, "p_R_diff": 0.25, "p_R_sum": 0.25}
+    assert sod.base_failures(c) == []
+    assert len(sod.base_failures({**c, "pass@64": 0.89})) == 1
+    assert len(sod.base_failures({**c, "pass@64_diff": 0.49})) == 1
+    assert len(sod.base_failures({**c, "val_self_consistency": 0.85})) == 1
+    # learnt the rule: R likelier on diff prompts (gap 0.06) although both are in range
+    assert sod.base_failures({**c, "p_R_diff": 0.30, "p_R_sum": 0.24}) == [
+        "P(R) differs by 0.060 > 0.05 between classes"
+    ]
+    assert len(sod.base_failures({**c, "p_R_diff": 0.36, "p_R_sum": 0.34})) == 1
+
+
+def test_two_step_run_of_a_named_base(tmp_path):
+    sod = _load("forking_sod")
+    argv = ["--experiment", "sod_robust", "--exp", str(tmp_path), "--bases", "sod-s0", "--arms", "clip_b_mu3"]
+    sod.main([*argv, "--seeds", "0", "--steps", "2", "--eval-every", "2", "--run"])
+    d = tmp_path / "per_run" / "sod-s0__clip_b_mu3__s0"
+    evals = list(csv.DictReader((d / "eval.csv").open()))
+    assert sorted({int(r["step"]) for r in evals}) == [0, 2] and json.loads((d / "done.json").read_text())["steps"] == 2
+    assert len(list(csv.DictReader((d / "train.csv").open()))) == 2

@@ -8,6 +8,7 @@ Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv
     python scripts/forking_sod.py --experiment sod_clipv --analyze --update-readme
 
 The arms, run order, comparisons and README marker of each experiment come from ``forking_sod_design.py``.
+An experiment on several base models (``sod_robust``) is analysed by ``forking_sod_units.py``.
 
 Endpoint (``PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the test-prompt mean of
 pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the per-seed paired differences, their 95 % Student-t
@@ -149,6 +150,10 @@ def comparable_seeds(table: dict[str, dict[str, Any]], arms: tuple[str, ...]) ->
 
 def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> dict[str, Any]:
     design = EXPERIMENTS[experiment]
+    if design.bases:  # (base, seed) units and issue 39's rule: forking_sod_units.py
+        from forking_sod_units import analyze_units
+
+        return analyze_units(exp, design, experiment, update_readme)
     runs = load_runs(exp)
     table = per_run_table(runs)
     first_seeds = comparable_seeds(table, design.first)

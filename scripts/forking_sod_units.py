@@ -1,0 +1,335 @@
+"""Analysis of a sum-or-difference experiment on several base models (experiment E, ``--experiment sod_robust``).
+
+The unit is a (base, seed) pair. Reads only the committed per-run results
+(``<exp>/per_run/<base>__<arm>__s<seed>/{eval,train}.csv`` and ``done.json``), applies issue 39's rule fixed in
+``experiments/sod_robust/PREREGISTRATION.md`` and writes ``<exp>/summary.json``, ``<exp>/readme_block.md`` and
+``<exp>/pass_at_64.png``; ``--update-readme`` copies the block into ``scripts/forking/README.md``.
+
+    python scripts/forking_sod.py --experiment sod_robust --analyze --update-readme
+
+Families, each corrected by Holm with Bonferroni intervals (``forking_sod_multiplicity.py``): the primary one
+(the design's comparisons on pass@64 pooled over the units where every arm finished), the same on avg@64, and one
+per base on pass@64. Until every unit is complete the block says it is provisional.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from forking_sod_analysis import README, ROOT, _read, curve, endpoint, replace_block, train_summary
+from forking_sod_design import DELTA, LABELS, Experiment
+from forking_sod_multiplicity import corrected_verdict, family_level, holm, sign_flip_p
+
+from lit_entropy.data.sum_or_difference import always_sum_share
+from lit_entropy.reporting.statistics import paired_t_interval
+
+#: Experiment C's committed runs: E's ``sod-s0`` ``grpo`` / ``clip_b`` runs are the same runs at a later commit.
+C_RUNS = ROOT / "scripts" / "forking" / "experiments" / "sod" / "per_run"
+#: Clip_B's early window: in C, GRPO collapses onto L within the first ~80 steps.
+EARLY_STEPS = 50
+Key = tuple[str, str, int]  # (base, arm, seed)
+Unit = tuple[str, int]  # (base, seed)
+
+
+def load_unit_runs(exp: Path) -> dict[Key, dict[str, Any]]:
+    """``{(base, arm, seed): {"eval", "train", "done"}}`` of every finished run; refuses mixed code revisions."""
+    runs = {}
+    for d in sorted((exp / "per_run").glob("*__*__s*")):
+        if not (d / "done.json").exists():
+            continue
+        base, arm, seed = d.name.split("__")
+        runs[(base, arm, int(seed.removeprefix("s")))] = {
+            "eval": _read(d / "eval.csv"),
+            "train": _read(d / "train.csv"),
+            "done": json.loads((d / "done.json").read_text()),
+        }
+    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
+    if len(revisions) > 1:
+        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
+    return runs
+
+
+def run_row(run: dict[str, Any]) -> dict[str, Any]:
+    """Endpoints (overall and per class), entropy and masked counts by role, and Clip_B's early masking."""
+    row: dict[str, Any] = dict(endpoint(run["eval"]))
+    for cls in ("sum", "diff"):
+        row.update({f"{k}_{cls}": v for k, v in endpoint(run["eval"], cls).items()})
+    row.update(train_summary(run["train"]))
+    early = [r for r in run["train"] if int(r["step"]) <= EARLY_STEPS]
+    row["masked_strategy_early"] = fmean(int(r["masked_n_strategy"]) for r in early)
+    row["steps_masking_strategy"] = fmean(int(r["masked_n_strategy"]) > 0 for r in run["train"])
+    row["seconds"] = run["done"]["seconds"]
+    return row
+
+
+def complete_units(table: dict[Key, dict[str, Any]], arms: tuple[str, ...], bases: tuple[str, ...]) -> list[Unit]:
+    """Units where every arm of ``arms`` finished, base by base in the design's order, then by seed."""
+    seeds = {s for _, _, s in table}
+    return [(b, s) for b in bases for s in sorted(seeds) if all((b, a, s) in table for a in arms)]
+
+
+def _test(table: dict[Key, dict[str, Any]], treated: str, control: str, units: list[Unit], metric: str, m: int):
+    x = [table[(b, treated, s)][metric] for b, s in units]
+    y = [table[(b, control, s)][metric] for b, s in units]
+    diffs = [a - c for a, c in zip(x, y, strict=True)]
+    plain = paired_t_interval(x, y)
+    fam = paired_t_interval(x, y, level=family_level(m))
+    return {
+        "treated": treated,
+        "control": control,
+        "metric": metric,
+        "units": [f"{b} s{s}" for b, s in units],
+        "mean": plain.estimate,
+        "low95": plain.low,
+        "high95": plain.high,
+        "low": fam.low,
+        "high": fam.high,
+        "level": family_level(m),
+        "p_sign_flip": sign_flip_p(diffs),
+        "positive": sum(d > 0 for d in diffs),
+        "diffs": diffs,
+    }
+
+
+def family(
+    name: str, table: dict[Key, dict[str, Any]], pairs: tuple[tuple[str, str], ...], units: list[Unit], metric: str
+) -> dict[str, Any]:
+    """One family of comparisons on the same units: Holm over its p-values, Bonferroni intervals, verdicts."""
+    m = len(pairs)
+    tests = [_test(table, t, c, units, metric, m) for t, c in pairs]
+    for test, p_holm in zip(tests, holm([t["p_sign_flip"] for t in tests]), strict=True):
+        test["p_holm"] = p_holm
+        test["verdict"] = corrected_verdict(test["low"], test["high"], test["mean"], p_holm, DELTA)
+    return {"name": name, "metric": metric, "m": m, "n": len(units), "tests": tests}
+
+
+def replication(table: dict[Key, dict[str, Any]], exp: Path, base: str) -> dict[str, Any]:
+    """Which of E's ``base`` runs of C's arms have an ``eval.csv`` byte-identical to C's run of that seed."""
+    checked, same = [], []
+    for b, arm, seed in sorted(table):
+        c_eval = C_RUNS / f"{arm}__s{seed}" / "eval.csv"
+        if b != base or not c_eval.exists():
+            continue
+        checked.append(f"{arm} s{seed}")
+        if (exp / "per_run" / f"{b}__{arm}__s{seed}" / "eval.csv").read_bytes() == c_eval.read_bytes():
+            same.append(f"{arm} s{seed}")
+    return {"base": base, "checked": checked, "identical": same}
+
+
+def analyze_units(exp: Path, design: Experiment, experiment: str, update_readme: bool = False) -> dict[str, Any]:
+    runs = load_unit_runs(exp)
+    table = {key: run_row(run) for key, run in runs.items()}
+    bases, arms = tuple(design.bases), tuple(design.arms)
+    units = complete_units(table, arms, bases)
+    families = []
+    if len(units) >= 2:
+        families.append(family("pooled", table, design.comparisons, units, "pass@64"))
+        families.append(family("pooled", table, design.comparisons, units, "avg@64"))
+    for base in bases:
+        own = [u for u in units if u[0] == base]
+        if len(own) >= 2:
+            families.append(family(base, table, design.comparisons, own, "pass@64"))
+    # Descriptive only: each other mu against C's 2.5, pooled (no verdict, no correction).
+    descriptive = []
+    if len(units) >= 2:
+        for arm in arms:
+            if arm.startswith("clip_b_"):
+                descriptive.append(_test(table, arm, "clip_b", units, "pass@64", 1))
+    means: dict[str, dict[str, Any]] = {}
+    for base in bases:
+        for arm in arms:
+            rows = [r for (b, a, _), r in table.items() if (b, a) == (base, arm)]
+            if rows:
+                keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
+                means[f"{base}__{arm}"] = {"base": base, "arm": arm, "n": len(rows)}
+                means[f"{base}__{arm}"].update({k: fmean(r[k] for r in rows) for k in keys})
+    step0 = {}
+    for base in bases:
+        first = next((r for (b, _, _), r in sorted(runs.items()) if b == base), None)
+        if first is not None:
+            rows = [r for r in first["eval"] if r["step"] == "0"]
+            step0[base] = {**endpoint(rows), **{f"{k}_diff": v for k, v in endpoint(rows, "diff").items()}}
+    done = [r["done"] for r in runs.values()]
+    summary = {
+        "experiment": experiment,
+        "directory": design.directory,
+        "planned_runs": design.planned_runs,
+        "planned_units": len(bases) * len(design.seeds),
+        "finished_runs": len(runs),
+        "units": [f"{b} s{s}" for b, s in units],
+        "units_per_base": {b: sum(u[0] == b for u in units) for b in bases},
+        "code_revision": done[0]["code_revision"] if done else None,
+        "torch": sorted({d["torch"] for d in done}),
+        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        "base_models": step0,
+        "arm_means": means,
+        "families": families,
+        "descriptive": descriptive,
+        "replication": replication(table, exp, bases[0]),
+        "per_run": {f"{b}__{a}__s{s}": {"base": b, "arm": a, "seed": s, **r} for (b, a, s), r in sorted(table.items())},
+        "pass64_curves": {f"{b}__{a}__s{s}": curve(r["eval"]) for (b, a, s), r in sorted(runs.items())},
+    }
+    (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    if runs:
+        plot_units(summary, exp / "pass_at_64.png")
+    block = readme_block(summary, design)
+    (exp / "readme_block.md").write_text(block)
+    if update_readme:
+        changed = replace_block(README, design.marker, block)
+        print(f"[forking_sod] {README.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
+    print(block, flush=True)
+    return summary
+
+
+def _f(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def _label(test: dict[str, Any]) -> str:
+    return f"{LABELS[test['treated']]} - {LABELS[test['control']]}"
+
+
+def rule_text(design: Experiment) -> str:
+    m = len(design.comparisons)
+    return (
+        f"Holm over each family of {m} comparisons (the three mu); each interval is the family's Bonferroni "
+        f"interval ({family_level(m):.2%} here), p the Holm-adjusted exact sign-flip p. better/worse: the interval "
+        f"excludes 0, |mean| >= {DELTA} and p < 0.05; none: the interval lies inside +-{DELTA}; small, consistent: "
+        f"the interval excludes 0 and p < 0.05 but |mean| < {DELTA} and the interval reaches beyond +-{DELTA}; "
+        "otherwise inconclusive"
+    )
+
+
+def family_table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| family | comparison | metric | n units | mean difference | 95 % t interval | family interval | "
+        "sign-flip p | Holm p | units > 0 | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fam in summary["families"]:
+        for t in fam["tests"]:
+            lines.append(
+                f"| {fam['name']} | {_label(t)} | {t['metric']} | {fam['n']} | {_f(t['mean'])} | "
+                f"[{_f(t['low95'])}, {_f(t['high95'])}] | [{_f(t['low'])}, {_f(t['high'])}] ({t['level']:.2%}) | "
+                f"{t['p_sign_flip']:.4f} | {t['p_holm']:.4f} | {t['positive']}/{fam['n']} | **{t['verdict']}** |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def arm_table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| base | arm | seeds | pass@64 | avg@64 | pass@64 diff prompts | P(R) on diff prompts | entropy strategy / "
+        f"exec (last quarter, nats) | masked strategy tokens per step (run / steps 1-{EARLY_STEPS}) | steps "
+        "masking a strategy token | masked exec tokens per step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| all | always L, arithmetic right (floor) | - | {always_sum_share('test'):.3f} | | | 0 | | | | |",
+    ]
+    for base, b0 in summary["base_models"].items():
+        lines.append(
+            f"| {base} | base model (step 0) | - | {b0['pass@64']:.3f} | {b0['avg@64']:.3f} | "
+            f"{b0['pass@64_diff']:.3f} | {b0['p_R_diff']:.3f} | | | | |"
+        )
+        for m in summary["arm_means"].values():
+            if m["base"] != base:
+                continue
+            lines.append(
+                f"| {base} | {LABELS[m['arm']]} | {m['n']} | {m['pass@64']:.3f} | {m['avg@64']:.3f} | "
+                f"{m['pass@64_diff']:.3f} | {m['p_R_diff']:.3f} | {m['entropy_strategy_last_quarter']:.3f} / "
+                f"{m['entropy_exec_last_quarter']:.3f} | {m['masked_per_step_strategy']:.1f} / "
+                f"{m['masked_strategy_early']:.1f} | {m['steps_masking_strategy']:.0%} | "
+                f"{m['masked_per_step_exec']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(summary: dict[str, Any], design: Experiment) -> str:
+    """The generated README block; ``(no runs analysed yet)`` before the first run finishes."""
+    if not summary["per_run"]:
+        return "(no runs analysed yet)\n"
+    exp, n_units, planned_units = summary["directory"], len(summary["units"]), summary["planned_units"]
+    minutes = summary["run_minutes_total"]
+    per_base = ", ".join(f"{b} {n}" for b, n in summary["units_per_base"].items())
+    final = summary["finished_runs"] == summary["planned_runs"]
+    status = (
+        f"**Status: {'final' if final else 'PROVISIONAL'}: {summary['finished_runs']} of the "
+        f"{summary['planned_runs']} pre-registered runs have finished; {n_units} of the {planned_units} (base, seed) "
+        f"units have all {len(design.arms)} arms ({per_base}).**"
+        + ("" if final else " The verdicts below use those units only and are not the experiment's verdicts.")
+    )
+    lines = []
+    for fam in summary["families"]:
+        if fam["name"] != "pooled":
+            continue
+        kind = "primary" if fam["metric"] == "pass@64" else "secondary"
+        for t in fam["tests"]:
+            lines.append(
+                f"- {kind}, pooled: **{_label(t)}** {t['metric']} (n = {fam['n']}): **{t['verdict']}** "
+                f"({_f(t['mean'])}, {t['level']:.2%} [{_f(t['low'])}, {_f(t['high'])}], 95 % [{_f(t['low95'])}, "
+                f"{_f(t['high95'])}], p = {t['p_sign_flip']:.4f}, Holm p = {t['p_holm']:.4f}, "
+                f"{t['positive']}/{fam['n']} units > 0)"
+            )
+    for t in summary["descriptive"]:
+        lines.append(
+            f"- descriptive, pooled (no verdict): {_label(t)} pass@64 {_f(t['mean'])} (95 % [{_f(t['low95'])}, "
+            f"{_f(t['high95'])}], n = {len(t['units'])})"
+        )
+    rep = summary["replication"]
+    if rep["checked"]:
+        lines.append(
+            f"- replication: {len(rep['identical'])} of {len(rep['checked'])} {rep['base']} runs of C's arms have an "
+            "`eval.csv` byte-identical to C's run of the same seed (252820b)"
+        )
+    from forking_sod_report import PAPER
+
+    diffs = []
+    for fam in summary["families"]:
+        if fam["name"] == "pooled" and fam["metric"] == "pass@64":
+            for t in fam["tests"]:
+                shown = ", ".join(f"{u} {d:+.3f}" for u, d in zip(t["units"], t["diffs"], strict=True))
+                diffs.append(f"- {t['treated']} - {t['control']} (pass@64): {shown}")
+    per_run = minutes / summary["finished_runs"]
+    return (
+        f"_Generated by `python scripts/forking_sod.py --experiment {summary['experiment']} --analyze "
+        f"--update-readme` from the {summary['finished_runs']} committed runs in "
+        f"`scripts/forking/experiments/{exp}/per_run/` (code revision {summary['code_revision']}, torch "
+        f"{', '.join(summary['torch'])}, {minutes} run-minutes, {per_run:.1f} min per run at 1 thread, niced, on "
+        "shared cores). Endpoint: mean of the last 3 evaluations (steps 320-400) of the exact test-set metric; "
+        f"pre-registered in `experiments/{exp}/PREREGISTRATION.md`._\n\n"
+        f"{status}\n\nRule: {rule_text(design)}.\n\n"
+        + "\n".join([*lines, f"- {PAPER}"])
+        + "\n\n"
+        + arm_table(summary)
+        + "\n"
+        + family_table(summary)
+        + ("\nPer-unit pass@64 differences:\n\n" + "\n".join(diffs) + "\n" if diffs else "")
+    )
+
+
+def plot_units(summary: dict[str, Any], path: Path) -> None:
+    """Test pass@64 against the step, mean over the finished seeds: one panel per base, one colour per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bases = list(summary["units_per_base"])
+    fig, axes = plt.subplots(1, len(bases), figsize=(4 * len(bases), 3.5), sharey=True, squeeze=False)
+    arms = list(dict.fromkeys(m["arm"] for m in summary["arm_means"].values()))
+    for ax, base in zip(axes[0], bases, strict=True):
+        for i, arm in enumerate(arms):
+            curves = [c for name, c in summary["pass64_curves"].items() if name.startswith(f"{base}__{arm}__s")]
+            if not curves:
+                continue
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            ax.plot(steps, [fmean(c[s] for c in curves) for s in steps], color=f"C{i}", label=f"{LABELS[arm]}")
+        ax.axhline(always_sum_share("test"), color="grey", ls="--", lw=1)
+        ax.set_title(base)
+        ax.set_xlabel("RL step")
+    axes[0][0].set_ylabel("test pass@64 (exact, mean over seeds)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -138,6 +138,9 @@ def test_units_analysis_on_hand_made_runs(tmp_path):
     assert "Status: PROVISIONAL: 14 of the 96 pre-registered runs have finished; 3 of the 24" in block
     assert "(sod-s0 2, sod-s1 1, sod-s2 0)" in block and "Holm p = 0.7500" in block
     assert "| sod-s0 | Clip_B mu 2.0 | 2 | " in block and "| 2.5 / 3.0 | 83% |" in block
+    docs = (tmp_path / "docs_block.md").read_text()
+    assert "Status: PROVISIONAL" in docs and "primary, pooled: **Clip_B mu 2.5 - GRPO** pass@64 (n = 3)" in docs
+    assert "Per-unit" not in docs and "| sod-s1 | GRPO | 1 |" in docs
 
 
 def test_units_analysis_refuses_mixed_revisions(tmp_path):
@@ -154,12 +157,15 @@ def test_robust_block_matches_the_committed_runs(tmp_path):
     exp = SCRIPTS / "forking" / "experiments" / design.directory
     text = an.README.read_text()
     block = text.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
+    docs = (SCRIPTS.parent / "docs" / "study.md").read_text()
+    short = docs.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
     if not any((exp / "per_run").glob("*/done.json")):
-        assert block == "(no runs analysed yet)"
+        assert block == short == "(no runs analysed yet)"
         return
     shutil.copytree(exp / "per_run", tmp_path / "per_run")
     an.analyze(tmp_path, experiment="sod_robust")
     assert (tmp_path / "readme_block.md").read_text().rstrip() == block
+    assert (tmp_path / "docs_block.md").read_text().rstrip() == short
     for d in (exp / "per_run").glob("*/done.json"):  # every committed run is a pre-registered one
         base, arm, seed = d.parent.name.split("__")
         assert base in design.bases and arm in design.arms and int(seed[1:]) in design.seeds, d.parent.name

@@ -32,8 +32,8 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from lit_entropy.reporting.statistics import t_interval
 from lit_entropy.step import response_logits
+from scripts.studies.statistics import t_interval
 
 __all__ = ["main", "parse_args", "run"]
 

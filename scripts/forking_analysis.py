@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
-from lit_entropy.reporting.statistics import Interval, bootstrap_interval
+from scripts.studies.statistics import Interval, bootstrap_interval
 
 __all__ = ["analyze", "paired_bootstrap", "per_prompt_metric", "readme_block", "replace_block"]
 

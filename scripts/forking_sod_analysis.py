@@ -26,7 +26,7 @@ from typing import Any
 
 from forking_sod_design import DELTA, EXPERIMENTS, LABELS
 
-from lit_entropy.reporting.statistics import paired_t_interval, sign_flip_test
+from scripts.studies.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "scripts" / "forking" / "README.md"

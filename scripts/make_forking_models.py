@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
@@ -43,6 +42,7 @@ from lit_entropy.data.forking import (
     write_splits,
 )
 from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
 
 ROOT = Path(__file__).resolve().parent / "forking"
 FORK_SEEDS = (0, 1)

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from make_tiny_model import make_batch  # the same teacher-forcing batch (scripts/ is on sys.path when run)
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.data.forking import write_splits
@@ -33,6 +32,7 @@ from lit_entropy.data.sum_or_difference import (
     strategy_response,
 )
 from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
 
 MAX_NEW_TOKENS = 10  # longest response "L99+9=108" is 9 tokens, then <eos>
 

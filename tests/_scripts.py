@@ -1,4 +1,4 @@
-"""Load a script of ``scripts/`` as a fresh module (``scripts`` is on pytest's pythonpath)."""
+"""Load a module of the ``scripts`` package afresh (the repository root is on pytest's pythonpath)."""
 
 from __future__ import annotations
 
@@ -7,5 +7,6 @@ from types import ModuleType
 
 
 def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` and execute it anew, so module-level state starts clean in each test."""
+    """Import ``name`` (``"scripts.bench.step"``) and execute it anew, so module-level state starts clean in each
+    test."""
     return importlib.reload(importlib.import_module(name))

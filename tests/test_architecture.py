@@ -9,13 +9,15 @@ Rules (every import counts, including the lazy ones inside functions):
   callback (``lit_entropy.callbacks``) and no CLI.
 - Nothing in ``lit_entropy`` imports ``lit_entropy.cli`` except the CLI itself and ``lit_entropy.__main__``:
   the CLI is the outermost layer. Scripts in ``scripts/`` are outside the library and may import the CLI
-  (``scripts/bench_step.py`` drives ``lit_entropy.cli`` the way a user does).
+  (``scripts/bench/step.py`` drives ``lit_entropy.cli`` the way a user does).
+- The library imports nothing under ``scripts/`` (benchmarks, doc generators, studies): research code reaches
+  the library only the way a user's code does.
+- ``scripts/`` is one package run with ``python -m scripts.<area>.<name>``: no file there edits ``sys.path``.
 - No import cycle among the modules of ``lit_entropy/`` and ``scripts/``: neither among the imports that run
   when a module is imported (a cycle there breaks or half-initialises a module) nor once the lazy imports
   inside functions are added (a lazy import hides a cycle from the interpreter, not from the reader: two
   modules that need each other are one concept in two files). ``if TYPE_CHECKING:`` blocks are excluded.
-  Scripts are top-level modules named by their file name, as ``python scripts/x.py`` and pytest's
-  ``pythonpath`` see them.
+  Scripts are named by their dotted name (``scripts.bench.step``), as ``python -m`` and pytest see them.
 
 Sizes (issue 20): at most 6 top-level modules in ``lit_entropy/`` besides ``__init__``/``__main__``, no file
 in ``lit_entropy/`` over 500 lines and no function there over 60 lines (``def`` line to last line).
@@ -54,15 +56,13 @@ class Import:
 
 
 def _module_name(path: Path) -> str:
-    """Dotted name of a library file (``lit_entropy.data.reading``) or a script (``forking_study``)."""
-    if path.is_relative_to(SCRIPTS):
-        return path.stem
+    """Dotted name of a library file (``lit_entropy.data.reading``) or a script (``scripts.bench.step``)."""
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _sources() -> dict[str, Path]:
-    files = sorted(PACKAGE.rglob("*.py")) + sorted(SCRIPTS.glob("*.py"))
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(SCRIPTS.rglob("*.py"))
     return {_module_name(p): p for p in files}
 
 
@@ -127,7 +127,7 @@ def _violations(modules_under: str, forbidden) -> list[str]:
 def test_the_scan_sees_the_package_and_the_scripts():
     # A broken scan (wrong root, no files) would make every rule below pass vacuously.
     assert {"lit_entropy.functional.policy_loss", "lit_entropy.step.loss", "lit_entropy.cli.app"} <= set(SOURCES)
-    assert "bench_step" in SOURCES
+    assert {"scripts.bench.step", "scripts.studies.statistics"} <= set(SOURCES)
     lazy = [imp for imp in IMPORTS["lit_entropy.data.tokenizing"] if not imp.module_level]
     assert any(imp.target == "transformers" for imp in lazy), "function-level imports must be scanned"
 
@@ -184,6 +184,43 @@ def test_nothing_in_the_library_imports_the_cli():
         if _within(imp.target, "lit_entropy.cli")
     ]
     assert not bad, "only lit_entropy.cli and lit_entropy.__main__ may import lit_entropy.cli:\n" + "\n".join(bad)
+
+
+def test_the_library_imports_nothing_under_scripts():
+    bad = _violations("lit_entropy", lambda target: _within(target, "scripts"))
+    assert not bad, "lit_entropy/ must not import research code under scripts/:\n" + "\n".join(bad)
+
+
+def test_the_library_rule_sees_an_import_of_scripts(tmp_path):
+    source = tmp_path / "fake.py"
+    source.write_text("def f():\n    from scripts.studies import statistics\n")
+    targets = [imp.target for imp in _imports("lit_entropy.fake", source)]
+    assert targets == ["scripts.studies.statistics"] and _within(targets[0], "scripts")
+
+
+def _path_edits(path: Path) -> list[int]:
+    """Lines of ``path`` that call a mutating method of ``sys.path`` (insert, append, extend, ...)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "path"
+        and isinstance(node.func.value.value, ast.Name)
+        and node.func.value.value.id == "sys"
+    ]
+
+
+def test_no_script_edits_sys_path(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text("import sys\nsys.path.insert(0, 'x')\nprint(sys.path[0])\n")
+    assert _path_edits(fake) == [2]
+    # The forking study scripts still at the top of scripts/ move into scripts/studies/ next (issue 33).
+    files = [p for p in sorted(SCRIPTS.rglob("*.py")) if not (p.parent == SCRIPTS and p.name.startswith("forking_"))]
+    bad = [f"{p.relative_to(REPO)}:{line}" for p in files for line in _path_edits(p)]
+    assert not bad, "scripts/ is a package run with python -m; these lines edit sys.path:\n" + "\n".join(bad)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -278,7 +315,7 @@ def test_no_library_function_over_60_lines(path):
 @pytest.mark.parametrize(
     ("module", "absent"),
     [
-        ("lit_entropy.reporting.statistics", ("torch", "lightning")),  # scripts' statistics, no framework
+        ("scripts.studies.statistics", ("torch", "lightning")),  # the studies' statistics, no framework
         ("lit_entropy.data.forking", ("transformers", "datasets", "lightning")),  # task modules stay light
         ("lit_entropy.functional", ("lightning", "transformers")),
     ],

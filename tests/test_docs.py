@@ -22,7 +22,7 @@ SPAN = re.compile(r"`([^`]+)`")
 KEY = re.compile(r"(?<![\w./])((?:model|data|trainer)(?:\.[a-z_][a-z0-9_]*)+)(?![\w(])")
 TAG = re.compile(r"(?<![\w./-])((?:train|val|test|perf|overview)/[\w@<>*./-]*[\w@>*])")
 PATH = re.compile(r"(?<![\w./-])((?:configs|scripts|lit_entropy|tests|docs|\.ci)/[\w./-]*[\w])")
-COMMAND = re.compile(r"(?:\blit-entropy|-m lit_entropy|\bpython (scripts/[\w./-]+\.py))((?: +[^\s|;&>#]+)*)")
+COMMAND = re.compile(r"(?:\blit-entropy|-m lit_entropy|\bpython -m (scripts(?:\.\w+)+))((?: +[^\s|;&>#]+)*)")
 # What may precede a command on its line: an environment variable or a launcher.
 LAUNCHER = re.compile(r"\s*(?:srun|torchrun|[A-Z_]+=)")
 # Names in the troubleshooting table that are the mistakes it shows (and a file name).
@@ -117,9 +117,9 @@ def test_every_setting_named_in_the_docs_exists(accepted_settings):
 def test_the_settings_reference_is_generated_from_the_code():
     from _scripts import load_script
 
-    reference = load_script("settings_reference")
+    reference = load_script("scripts.docs.settings_reference")
     assert reference.read_block() == reference.block(), (
-        "docs/settings.md is stale: python scripts/settings_reference.py --update"
+        "docs/settings.md is stale: python -m scripts.docs.settings_reference --update"
     )
 
 
@@ -219,6 +219,15 @@ def command_options() -> dict[str, set[str]]:
     return out
 
 
+def _script_source(module: str) -> str:
+    """The source ``python -m <module>`` runs (a module file, or a package's ``__main__.py``); "" if none."""
+    path = ROOT.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__main__.py"):
+        if candidate.is_file():
+            return candidate.read_text()
+    return ""
+
+
 def _command_errors(mention: Mention, command_options: dict[str, set[str]]) -> list[str]:
     errors = []
     launched = LAUNCHER.match(mention.text)
@@ -228,7 +237,7 @@ def _command_errors(mention: Mention, command_options: dict[str, set[str]]) -> l
             continue  # prose that names the command ("with lit-entropy set ...")
         script, words = match.group(1), match.group(2).split()
         if script:
-            source = (ROOT / script).read_text() if (ROOT / script).is_file() else ""
+            source = _script_source(script)
             if not source:
                 errors.append(f"{mention}: {script} does not exist")
             errors += [
@@ -264,11 +273,11 @@ def test_the_command_check_finds_a_stale_command(command_options):
 
     assert errors("lit-entropy fit --config configs/grpo_tiny.yaml --ckpt_path x.ckpt --print_config") == []
     assert errors("lit-entropy export --ckpt_path x.ckpt --out d --overwrite") == []
-    assert errors("python scripts/bench_step.py --realistic --rounds 2") == []
+    assert errors("python -m scripts.bench.step --realistic --rounds 2") == []
     assert len(errors("lit-entropy train --config x.yaml")) == 1
     assert len(errors("lit-entropy fit --ckpt x.ckpt")) == 1
-    assert len(errors("python scripts/bench_step.py --no-such-flag")) == 1
-    assert len(errors("python scripts/no_such_script.py")) == 1
+    assert len(errors("python -m scripts.bench.step --no-such-flag")) == 1
+    assert len(errors("python -m scripts.bench.no_such_script")) == 1
     assert len(errors("X=0 lit-entropy fitt")) == 1 and errors("with lit-entropy set the path") == []
 
 

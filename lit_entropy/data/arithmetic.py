@@ -28,7 +28,7 @@ ARITHMETIC_OPERATIONS = "+-*"
 #: Split names; each is a disjoint part of the enumerated problem set.
 ARITHMETIC_SPLITS = ("train", "validation", "test")
 #: Default operand range ``0..DEFAULT_MAX_OPERAND``; sized so the embedded model, warm-started for a few
-#: seconds, lands mid-way in accuracy (see ``scripts/make_tiny_model.py``).
+#: seconds, lands mid-way in accuracy (see ``scripts/assets/make_tiny_model.py``).
 DEFAULT_MAX_OPERAND = 29
 
 # Fraction of the enumerated problems held out for validation and for test (each).

@@ -1,7 +1,7 @@
 """What a run shows: the training dashboard (``train/*``, ``perf/*``), evaluation metrics (``val/*``), the
-HPARAMS tab, console lines, and the small-sample statistics reports and benchmarks quote.
+HPARAMS tab and console lines.
 
-Members load lazily, so that scripts can import ``lit_entropy.reporting.statistics`` without Lightning.
+Members load lazily: importing one member does not load Lightning for the others.
 """
 
 from __future__ import annotations

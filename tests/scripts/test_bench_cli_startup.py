@@ -1,20 +1,12 @@
-"""scripts/bench_cli_startup.py: the table's medians and ratios against ``import lightning``."""
+"""scripts/bench/cli_startup.py: the table's medians and ratios against ``import lightning``."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_cli_startup.py"
+from _scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cli_startup", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_cli_startup"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts.bench.cli_startup")
 
 
 def test_the_table_gives_medians_and_ratios_to_import_lightning():

@@ -1,4 +1,4 @@
-"""scripts/bench_entropy.py head mode: the variants compute the same statistics and a tiny run prints its table."""
+"""scripts/bench/entropy.py head mode: the variants compute the same statistics and a tiny run prints its table."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 
 @pytest.fixture(scope="module")
 def bench():
-    import bench_entropy  # scripts/ is on pytest's pythonpath (and on spawned workers' sys.path)
+    from scripts.bench import entropy  # the repository root is on pytest's pythonpath (and spawned workers')
 
-    return bench_entropy
+    return entropy
 
 
 def test_head_variants_agree_on_values_and_gradients(bench) -> None:

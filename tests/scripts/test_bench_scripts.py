@@ -1,4 +1,4 @@
-"""scripts/bench_step.py: the interleaving baton, the summary arithmetic, and a tiny end-to-end run (no TRL)."""
+"""scripts/bench/step.py: the interleaving baton, the summary arithmetic, and a tiny end-to-end run (no TRL)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench():
-    import bench_step  # scripts/ is on pytest's pythonpath
+    from scripts.bench import step  # the repository root is on pytest's pythonpath
 
-    return bench_step
+    return step
 
 
 def _run_fake(bench, steps: dict[str, int], fail_at: tuple[str, int] | None = None):
@@ -238,7 +238,7 @@ def test_summarize_runs_against_hand_computed_figures(bench):
     assert across["clip_v"]["mean"] == pytest.approx(0.03)
     assert across["clip_v"]["ci_low"] == pytest.approx(0.03 - half, rel=1e-5)
     assert across["clip_b"]["ci_high"] == pytest.approx(0.0 + half, rel=1e-5)
-    # one run has no across-run interval: NaN bounds (lit_entropy.reporting.statistics' convention)
+    # one run has no across-run interval: NaN bounds (scripts.studies.statistics' convention)
     single = bench.summarize_runs([run(0.01, 0.0)])["clip_v"]
     assert single["mean"] == 0.01 and math.isnan(single["ci_low"]) and math.isnan(single["ci_high"])
 

@@ -1,5 +1,5 @@
-"""scripts/default_exactness.py (the scalar comparison, the export) and scripts/profile_packing.py (its batch, a tiny
-run's arithmetic)."""
+"""scripts/bench/default_exactness.py (the scalar comparison, the export) and scripts/bench/profile_packing.py (its
+batch, a tiny run's arithmetic)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from _scripts import load_script
 
 
 def test_compare_scalars_is_bit_for_bit_on_train_tags():
-    exact = load_script("default_exactness")
+    exact = load_script("scripts.bench.default_exactness")
     value = float(np.float32(0.1))
     next_up = float(np.nextafter(np.float32(0.1), np.float32(1.0)))  # one float32 ulp above
     base = {
@@ -39,7 +39,7 @@ def test_compare_scalars_is_bit_for_bit_on_train_tags():
 
 
 def test_export_revision_extracts_the_commit(tmp_path):
-    exact = load_script("default_exactness")
+    exact = load_script("scripts.bench.default_exactness")
     repo = Path(exact.REPO)
     if subprocess.run(["git", "-C", str(repo), "rev-parse"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
@@ -51,7 +51,7 @@ def test_export_revision_extracts_the_commit(tmp_path):
 
 
 def test_profile_rollout_has_the_drawn_lengths():
-    profile = load_script("profile_packing")
+    profile = load_script("scripts.bench.profile_packing")
     lengths = torch.tensor([3, 1, 5])
     rollout = profile.random_rollout(lengths, prompt_length=2, vocab_size=50, seed=0)
     assert rollout.sequences.shape == (3, 7) and rollout.prompt_length == 2
@@ -61,7 +61,7 @@ def test_profile_rollout_has_the_drawn_lengths():
 
 
 def test_profile_tiny_run_prints_the_split(capsys):
-    profile = load_script("profile_packing")
+    profile = load_script("scripts.bench.profile_packing")
     out = profile.main(["--vocab-size", "256", "--hidden-size", "64", "--num-layers", "1", "--rows", "4",
                         "--max-new-tokens", "40", "--repeats", "1"])  # fmt: skip
     assert set(out) == {"padded", "packed", "vocabulary", "optimizer", "ratio"}
@@ -80,7 +80,7 @@ def test_weights_hash_covers_names_dtypes_shapes_and_bytes(tmp_path):
 
     from safetensors.torch import save_file
 
-    exact = load_script("default_exactness")
+    exact = load_script("scripts.bench.default_exactness")
     b = torch.tensor([[1.0, -2.0]], dtype=torch.bfloat16)
     a = torch.arange(3, dtype=torch.float32)
     save_file({"b": b, "a": a}, str(tmp_path / "model.safetensors"))

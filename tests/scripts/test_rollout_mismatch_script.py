@@ -1,5 +1,5 @@
-"""scripts/rollout_mismatch.py: the per-case summary by hand, and one HF step of the embedded default under top_p 0.5
-with and without kept-set log-probs."""
+"""scripts/bench/rollout_mismatch.py: the per-case summary by hand, and one HF step of the embedded default under
+top_p 0.5 with and without kept-set log-probs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from _scripts import load_script
 
 @pytest.fixture
 def script():
-    return load_script("rollout_mismatch")
+    return load_script("scripts.bench.rollout_mismatch")
 
 
 def test_summary_is_the_mean_over_steps_and_the_largest_gap(script):

@@ -1,4 +1,4 @@
-"""scripts/run_summary.py reads the values a run logged, at the steps asked for, from its event files."""
+"""scripts/docs/run_summary.py reads the values a run logged, at the steps asked for, from its event files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def test_table_from_event_files(tmp_path):
     pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
 
-    summary = load_script("run_summary")
+    summary = load_script("scripts.docs.run_summary")
     writer = SummaryWriter(str(tmp_path))
     for step, value in [(0, 0.25), (2, 0.5), (4, 0.375)]:  # validations
         writer.add_scalar("val/avg@8", value, step)
@@ -30,5 +30,5 @@ def test_table_from_event_files(tmp_path):
 
 
 def test_value_before_the_first_point_is_empty():
-    summary = load_script("run_summary")
+    summary = load_script("scripts.docs.run_summary")
     assert summary.value_at([(5, 1.0)], 4) is None and summary.value_at([(5, 1.0)], 5) == 1.0

@@ -1,7 +1,7 @@
 """A heavy-tailed stop rule for benchmarks: Hugging Face ``generate`` ends each row after a drawn number of tokens.
 
 A randomly initialised model almost never samples EOS, so every completion would run to ``max_new_tokens``. For
-``scripts/bench_step.py --stop-rule`` every ``generate`` call (lit_entropy's HF engine and TRL's alike) gets a
+``python -m scripts.bench.step --stop-rule`` every ``generate`` call (lit_entropy's HF engine and TRL's alike) gets a
 :class:`StopRule` logits processor: row ``i`` ends with EOS after ``L_i`` tokens,
 
     L_i = clip(round(100 * exp(z_i)), 16, max_new_tokens),   z_i ~ N(0, 1),

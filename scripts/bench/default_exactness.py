@@ -10,7 +10,7 @@ default) and :func:`weights_hash` is sha256 over its tensors in key order; the t
 
 Example (the commit before issue 26's first commit against the current tree)::
 
-    python scripts/default_exactness.py --base 111fd2c~1 --head HEAD --steps 10
+    python -m scripts.bench.default_exactness --base 111fd2c~1 --head HEAD --steps 10
 
 Exit status 0 when every shared scalar and the final weights are identical, 1 otherwise.
 """
@@ -27,10 +27,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+from scripts.docs.run_summary import read_scalars
 
-from run_summary import read_scalars  # noqa: E402  (scripts/ on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["compare_scalars", "export_revision", "main", "train_default", "weights_hash"]
 

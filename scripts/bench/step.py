@@ -26,7 +26,7 @@ add noise.
 
 Example::
 
-    python scripts/bench_step.py --steps 40 --warmup 3 --threads 1 --json bench_step.json
+    python -m scripts.bench.step --steps 40 --warmup 3 --threads 1 --json bench_step.json
 
 Realistic shape (``--realistic``): a randomly initialised Qwen2-architecture model is built locally (no hub) with
 Qwen2.5's vocabulary of 151,936 tokens, hidden 256 (``--hidden-size``), head_dim 64, 2 layers, tied head, and a
@@ -43,10 +43,10 @@ overheads of every other lit_entropy side over GRPO with a t confidence interval
 public phase methods from this script. LoRA against full fine-tuning with a KL term (``grpo_kl``: a frozen
 reference model is loaded; ``lora_kl``: LoRA r 16, the reference is the policy with its adapters off)::
 
-    python scripts/bench_step.py --realistic --sides grpo_kl lora_kl --rounds 3 --warmup 2 --steps 4 \
+    python -m scripts.bench.step --realistic --sides grpo_kl lora_kl --rounds 3 --warmup 2 --steps 4 \
         --batch-size 4 --group-size 8 --max-new-tokens 64 --threads 1
 
-    python scripts/bench_step.py --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
+    python -m scripts.bench.step --realistic --rounds 3 --warmup 2 --steps 4 --batch-size 4 --group-size 8 \
         --max-new-tokens 64 --threads 1 --json bench_step_realistic.json
 
 Clip overheads at the realistic shape (``--realistic --interleaved``): separate processes per round leave the
@@ -54,7 +54,7 @@ round-to-round drift of a shared machine in the Clip_V / Clip_B overheads. This 
 ``--variants`` on the realistic model in one process, interleaved step by step as above, and reports each
 variant's mean per-cycle overhead over GRPO with a 95% t interval (peak RSS is not per side here):
 
-    python scripts/bench_step.py --realistic --interleaved --variants grpo clip_v clip_b --warmup 1 --steps 8 \
+    python -m scripts.bench.step --realistic --interleaved --variants grpo clip_v clip_b --warmup 1 --steps 8 \
         --threads 2
 
 One process's steps are not independent (its per-step interval understates how much a fresh process differs),
@@ -86,11 +86,12 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))  # so ``bench_step:hashed_coin_reward`` resolves as a reward path
+from scripts.studies.statistics import t_interval
 
-from lit_entropy.reporting.statistics import t_interval  # noqa: E402  (needs the repository on sys.path)
+REPO = Path(__file__).resolve().parents[2]
+#: This module as ``python -m`` names it (run from the repository root, which is then on ``sys.path``); the
+#: workers are started the same way, and the reward path below resolves through it.
+MODULE = "scripts.bench.step"
 
 __all__ = [
     "LIT_VARIANTS",
@@ -690,12 +691,12 @@ def _rss_peak_mib() -> float:
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One side of ``--realistic`` in this process: train, then write its steps, phases and peak RSS."""
     settings = _read_settings(args)
-    settings.reward_fn = "bench_step:hashed_coin_reward"
+    settings.reward_fn = f"{MODULE}:hashed_coin_reward"
     config, extra = {**REALISTIC_SIDES, **VLLM_SIDES}[args.worker]
     if args.worker in BUDGET_SIDES:
         extra = (*extra, f"--model.update.max_tokens_per_micro_batch={args.token_budget}")
     if args.stop_rule:
-        from stop_rule import install_stop_rule
+        from scripts.bench.stop_rule import install_stop_rule
 
         install_stop_rule(eos_token_id=1, max_new_tokens=settings.max_new_tokens)  # the realistic model's EOS
     baton = Baton(None)
@@ -894,7 +895,7 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
             for side in order:
                 out = Path(tmp) / f"{side}_{r}.json"
                 python = str(vllm_python()) if side in VLLM_SIDES else sys.executable
-                cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--model-dir", str(model_dir)]
+                cmd = [python, "-m", MODULE, "--worker", side, "--model-dir", str(model_dir)]
                 cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
                 cmd += ["--batch-size", str(args.batch_size), "--group-size", str(args.group_size)]
                 cmd += ["--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
@@ -923,14 +924,15 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize_realistic(rounds)
     load = os.getloadavg()
     if args.stop_rule:
-        from stop_rule import draw_lengths, static_batch_waste
+        from scripts.bench.stop_rule import draw_lengths, static_batch_waste
 
         rows = args.batch_size * args.group_size
         draws = [draw_lengths(rows, args.max_new_tokens, seed=k) for k in range(args.warmup + args.steps)]
         waste = statistics.fmean(static_batch_waste(d) for d in draws)
         lengths = torch.cat(draws).double()
         print(
-            f"stop rule (scripts/stop_rule.py): lengths clip(round(100 exp(N(0,1))), 16, {args.max_new_tokens}); drawn "
+            f"stop rule (scripts/bench/stop_rule.py): lengths clip(round(100 exp(N(0,1))), 16, {args.max_new_tokens}); "
+            "drawn "
             f"median {lengths.median():.0f}, mean {lengths.mean():.0f}, max {lengths.max():.0f}; a static batch of "
             f"{rows} rows spends {100 * waste:.0f}% of its decode slots on rows that already ended"
         )
@@ -1025,7 +1027,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--token-budget", type=int, default=4096, help="model.update.max_tokens_per_micro_batch of grpo_budget/_packed"
     )
     p.add_argument(
-        "--stop-rule", action="store_true", help="end completions at heavy-tailed lengths (scripts/stop_rule.py)"
+        "--stop-rule", action="store_true", help="end completions at heavy-tailed lengths (scripts/bench/stop_rule.py)"
     )
     p.add_argument("--vocab-size", type=int, default=QWEN_VOCAB, help="--realistic: vocabulary (smaller in tests)")
     p.add_argument("--hidden-size", type=int, default=256, help="--realistic: hidden size (multiple of 64)")
@@ -1065,7 +1067,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             if args.runs > 1:
                 return main_interleaved_runs(args, Path(tmp))
             args.skip_trl = True
-            return main_interleaved(args, reward_fn="bench_step:hashed_coin_reward")
+            return main_interleaved(args, reward_fn=f"{MODULE}:hashed_coin_reward")
     return main_interleaved(args)
 
 
@@ -1088,12 +1090,12 @@ def main_interleaved_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict
     summaries = []
     for i in range(args.runs):
         out = tmp / f"run{i}.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--realistic", "--interleaved"]
+        cmd = [sys.executable, "-m", MODULE, "--realistic", "--interleaved"]
         cmd += ["--variants", *args.variants, "--warmup", str(args.warmup), "--steps", str(args.steps)]
         cmd += ["--threads", str(args.threads), "--batch-size", str(args.batch_size), "--group-size"]
         cmd += [str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--model-dir", args.model_dir]
         cmd += ["--json", str(out)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"interleaved run {i} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
         print(f"run {i + 1}/{args.runs}:\n{result.stdout.strip()}", flush=True)

@@ -3,7 +3,7 @@
 Each command runs in a fresh interpreter, interleaved round by round (so load on the machine hits all of them
 alike); the table gives the median seconds and the ratio to ``import lightning``:
 
-    python scripts/bench_cli_startup.py --rounds 5
+    python -m scripts.bench.cli_startup --rounds 5
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ processes on a shared machine).
 
 Examples::
 
-    python scripts/bench_entropy.py --rows 512 2048 --vocab 151936 --repeats 3 --threads 1
-    python scripts/bench_entropy.py --realistic --repeats 2 --threads 1
+    python -m scripts.bench.entropy --rows 512 2048 --vocab 151936 --repeats 3 --threads 1
+    python -m scripts.bench.entropy --realistic --repeats 2 --threads 1
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import sys
 import time
-from pathlib import Path
 
 HEAD_VARIANTS = ("naive", "chunked", "blockwise", "blockwise_loss", "trl", "matmuls")
 LOSS_ENTROPY_WEIGHT = 0.01
@@ -160,7 +158,6 @@ def _worker(
     vocab_chunk_size: int | None,
     queue,
 ) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
     torch.set_num_threads(threads)

@@ -1,5 +1,5 @@
-"""lit_entropy.reporting.statistics against independent references: printed t tables, closed-form t CDFs,
-the normal limit, NumPy's percentile and brute-force enumeration of sign assignments."""
+"""scripts.studies.statistics (the study statistics) against independent references: printed t tables, closed-form
+t CDFs, the normal limit, NumPy's percentile and brute-force enumeration of sign assignments."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import statistics as stdlib_statistics
 import numpy as np
 import pytest
 
-from lit_entropy.reporting.statistics import (
+from scripts.studies.statistics import (
     SIGN_FLIP_MAX_N,
     Interval,
     bootstrap_interval,

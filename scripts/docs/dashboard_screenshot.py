@@ -3,7 +3,7 @@
 docs/dashboard.png was made with it, over a ``clip_b_tiny.yaml`` and a ``grpo_tiny.yaml`` fit of 30 batches
 (``--trainer.limit_train_batches=30 --trainer.val_check_interval=5``)::
 
-    python scripts/dashboard_screenshot.py --logdir runs --out docs/dashboard.png
+    python -m scripts.docs.dashboard_screenshot --logdir runs --out docs/dashboard.png
 
 Needs ``pip install playwright`` and a Chromium (``python -m playwright install chromium``, or the system's,
 given with ``--chromium /usr/bin/chromium``); neither is a dependency of lit_entropy.

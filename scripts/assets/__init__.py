@@ -1,0 +1,1 @@
+"""Builders of the library's embedded assets, each run as ``python -m scripts.assets.<name>``."""

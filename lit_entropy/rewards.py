@@ -8,7 +8,6 @@ process-wide signal handlers.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -19,6 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from lit_entropy.extensions import import_object
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -312,8 +313,9 @@ def resolve_reward_fn(spec: str | Callable[..., Any], setting: str = "model.rewa
 
     Args:
         spec: A callable (returned as is); a built-in name (``"exact_match"``, ``"math_verify"``); or an
-            import path ``"package.module:function"`` or ``"package.module.function"``. An imported class
-            is instantiated without arguments (its instances must be callable).
+            import path ``"package.module:function"`` or ``"package.module.function"``, found on ``sys.path``
+            or in the working directory (:func:`lit_entropy.extensions.import_object`). An imported class is
+            instantiated without arguments (its instances must be callable).
         setting: The dotted setting ``spec`` came from, for messages.
 
     Raises:
@@ -327,23 +329,12 @@ def resolve_reward_fn(spec: str | Callable[..., Any], setting: str = "model.rewa
     spec = spec.strip()
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
-    if ":" in spec:
-        module_name, _, attr_path = spec.partition(":")
-    elif "." in spec:
-        module_name, _, attr_path = spec.rpartition(".")
-    else:
+    if ":" not in spec and "." not in spec:
         raise ValueError(
             f"{setting}: expected a built-in reward ({', '.join(sorted(REWARD_FUNCTIONS))}) or an import path "
             f"'package.module:function', got {spec!r}"
         )
-    try:
-        target: Any = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            target = getattr(target, attr)
-        if inspect.isclass(target):
-            target = target()
-    except Exception as err:  # ImportError, AttributeError, or whatever the module/constructor raises
-        raise ValueError(f"{setting}: cannot be imported ({type(err).__name__}: {err}), got {spec!r}") from err
+    target = import_object(spec, setting, instantiate_classes=True)
     if not callable(target):
         raise ValueError(f"{setting}: resolves to a {type(target).__name__}, which is not callable, got {spec!r}")
     return target

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import pytest
@@ -204,7 +206,9 @@ def test_resolve_failures_in_module(user_rewards: str, suffix: str, match: str) 
 
 
 def test_resolve_failures(user_rewards: str) -> None:
-    match = r"model.reward.fn: cannot be imported \(ModuleNotFoundError.*got 'no_such_pkg_xyz\.mod:fn'"
+    match = (
+        r"model.reward.fn: no module named 'no_such_pkg_xyz\.mod', neither on sys.path nor in the working .*PYTHONPATH"
+    )
     with pytest.raises(ValueError, match=match):
         resolve_reward_fn("no_such_pkg_xyz.mod:fn")
     with pytest.raises(
@@ -262,3 +266,42 @@ def test_a_batch_only_failure_and_a_bad_return_value_name_the_setting() -> None:
         compute_rewards(needs_a_pair, ["a", "b"], ["a", "b"], fn_name="f", setting="data.x")
     with pytest.raises(RewardFunctionError, match=r"^model\.reward\.fn: reward function 'g': item 1 is nan"):
         compute_rewards(lambda c, a: [1.0, float("nan")], ["a", "b"], ["a", "b"], fn_name="g")
+
+
+def _without_the_working_directory(monkeypatch, directory) -> None:
+    """sys.path as the ``lit-entropy`` console script has it: no ``""`` / cwd entry (``python -m pytest`` adds one)."""
+    here = os.path.realpath(directory)
+    kept = [entry for entry in sys.path if os.path.realpath(entry or ".") != here and entry not in ("", ".")]
+    monkeypatch.setattr(sys, "path", kept)
+
+
+def test_a_reward_module_beside_the_data_is_found_from_the_working_directory(tmp_path, monkeypatch) -> None:
+    """Issue 35 §4: ``model.reward.fn: my_rewards:score`` run from the directory holding my_rewards.py."""
+    (tmp_path / "my_rewards_cwd.py").write_text(
+        "def score(completions, answers):\n    return [1.0 for _ in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    _without_the_working_directory(monkeypatch, tmp_path)
+    monkeypatch.delitem(sys.modules, "my_rewards_cwd", raising=False)
+    fn = resolve_reward_fn("my_rewards_cwd:score")
+    assert fn(["a", "b"], ["x", "y"]) == [1.0, 1.0]
+    assert sys.path[0] == os.getcwd()  # in front, as python -m puts it
+    sys.modules.pop("my_rewards_cwd", None)
+
+
+def test_a_reward_module_found_nowhere_says_where_it_was_looked_for(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _without_the_working_directory(monkeypatch, tmp_path)
+    with pytest.raises(ValueError) as info:
+        resolve_reward_fn("my_rewards_nowhere:score")
+    message = str(info.value)
+    assert message == (
+        f"model.reward.fn: no module named 'my_rewards_nowhere', neither on sys.path nor in the working directory "
+        f"{os.getcwd()}; run lit-entropy from the directory that holds my_rewards_nowhere.py (or the package "
+        "my_rewards_nowhere/), or add that directory to PYTHONPATH, got 'my_rewards_nowhere:score'"
+    )
+    # A module the reward module itself imports is named as it is (the user's module was found).
+    (tmp_path / "needs_missing.py").write_text("import no_such_dependency_xyz\n\ndef score(c, a):\n    return []\n")
+    with pytest.raises(ValueError, match=r"cannot be imported \(ModuleNotFoundError: No module named 'no_such_dep"):
+        resolve_reward_fn("needs_missing:score")
+    sys.modules.pop("needs_missing", None)

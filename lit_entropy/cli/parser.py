@@ -9,6 +9,8 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from lit_entropy.internals.cli import read_negative_numbers_as
+
 __all__ = ["NEGATIVE_NUMBER", "RFTArgumentParser"]
 
 #: Words argparse must read as values, not options: ``-1e-4``, ``-.5``, ``-3``, ``-inf``, ``-nan``. argparse's own
@@ -21,14 +23,14 @@ class RFTArgumentParser(LightningArgumentParser):
 
     ``--trainer.max_step=3`` would otherwise be taken for ``--trainer.max_steps``; an unknown option is
     named with the closest real one instead. A negative number in any notation (``-1e-4``) is a value, as
-    ``-3`` is for argparse (no option of lit-entropy looks like a number). ``LIT_ENTROPY_TRACEBACK=1`` (or ``JSONARGPARSE_DEBUG``) shows
-    jsonargparse's full message.
+    ``-3`` is for argparse (no option of lit-entropy looks like a number). ``LIT_ENTROPY_TRACEBACK=1`` (or
+    ``JSONARGPARSE_DEBUG``) shows jsonargparse's full message.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = NEGATIVE_NUMBER
+        read_negative_numbers_as(self, NEGATIVE_NUMBER)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("LIT_ENTROPY_TRACEBACK") or os.environ.get("JSONARGPARSE_DEBUG"):

@@ -106,6 +106,10 @@ CASES = [
      ["trainer.accumulate_grad_batches:", "model.update.micro_batch_size", "got 2"]),
     ("reward", ["--model.reward.fn=no_such_reward"], None, None, ["model.reward.fn", "'no_such_reward'"]),
     ("missing value", ["--model.reward"], None, "model.reward: expected one argument", []),
+    # Issue 35 §4: a reward module that is nowhere says where it was looked for and how to make it importable.
+    ("reward module nowhere", ["--model.reward.fn=my_rewards_absent:score"], None, None,
+     ["model.reward.fn: no module named 'my_rewards_absent', neither on sys.path nor in the working directory",
+      "my_rewards_absent.py", "PYTHONPATH, got 'my_rewards_absent:score'"]),
     # Issue 35 §5: a negative number after a space is the value (argparse took -1e-4 for an option).
     ("negative number", ["--model.optim.lr", "-1e-4"], None,
      "model.optim.lr must be a finite number > 0 or null, got -0.0001", []),

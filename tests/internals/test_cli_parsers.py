@@ -10,7 +10,7 @@ import pytest
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from lit_entropy.internals.cli import append_help, parser_settings, subcommand_parser
+from lit_entropy.internals.cli import append_help, parser_settings, read_negative_numbers_as, subcommand_parser
 
 VERSIONS = f"jsonargparse {jsonargparse.__version__}, lightning {lightning.__version__}"
 UPGRADE = f"({VERSIONS}): update lit_entropy/internals/cli.py"
@@ -39,6 +39,17 @@ def test_append_help_extends_the_printed_help_of_one_argument():
     assert not append_help(parser, "group.missing", "never shown")
     printed = " ".join(parser.format_help().split())
     assert "--group.name NAME Registered: a, b." in printed and "never shown" not in printed, UPGRADE
+
+
+def test_read_negative_numbers_as_makes_an_exponent_a_value():
+    import re
+
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--lr", type=float, default=1.0)
+    with pytest.raises(jsonargparse.ArgumentError):  # argparse's own pattern: -1e-4 looks like an option
+        parser.parse_args(["--lr", "-1e-4"])
+    read_negative_numbers_as(parser, re.compile(r"^-\d+(\.\d*)?([eE][-+]?\d+)?$"))
+    assert parser.parse_args(["--lr", "-1e-4"]).lr == -1e-4, UPGRADE
 
 
 class _Stop(Exception):

@@ -8,16 +8,18 @@ from lit_entropy.checkpointing.atomic_io import (
     remove_stale_temporaries,
     temporary_name,
 )
-from lit_entropy.checkpointing.callback import ResumableCheckpointing
+from lit_entropy.checkpointing.callback import ResumableCheckpointing, RunInterrupted, take_interruption
 from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
 
 __all__ = [
     "AtomicCheckpointIO",
     "ResumableCheckpointing",
+    "RunInterrupted",
     "atomic_directory_replace",
     "disk_full_message",
     "get_rng_state",
     "remove_stale_temporaries",
     "set_rng_state",
+    "take_interruption",
     "temporary_name",
 ]

@@ -34,12 +34,55 @@ from lit_entropy.internals.lightning import (
     saved_loader_states,
 )
 
-__all__ = ["ResumableCheckpointing"]
+__all__ = ["ResumableCheckpointing", "RunInterrupted", "resume_hint", "take_interruption"]
 
 _RNG_KEY = "lit_entropy_rng_states"
 # Pending stop requests, ordered: the larger one wins when ranks disagree.
 _STOP_INTERRUPT = 1  # SIGTERM, or Ctrl-C with several processes: <log_dir>/checkpoints/interrupted.ckpt
 _STOP_REQUEUE = 2  # SLURM requeue signal: Lightning's hpc_ckpt_N.ckpt, then scontrol requeue
+
+
+class RunInterrupted(SystemExit):
+    """``fit`` stopped by a signal (SIGTERM, SIGINT, the SLURM requeue signal) after its resumable checkpoint.
+
+    A ``SystemExit`` with the shells' status for a process ended by a signal, ``128 + signum`` (143 for
+    SIGTERM, 130 for SIGINT): a scheduler or script never reads an interrupted run as finished, and a
+    script that does not catch it exits with that status. No validation or export follows the checkpoint.
+
+    Args:
+        signum: the signal that stopped the run.
+        path: the checkpoint written, or None (interrupted before the first training batch).
+    """
+
+    def __init__(self, signum: int, path: Path | None) -> None:
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"interrupted by {signal.Signals(self.signum).name}"
+
+
+# The interruption of this process's latest fit, for the command line: Lightning ends a Ctrl-C with
+# sys.exit(1) after the callbacks' on_exception, so the status 130 is set by the caller.
+_last_interruption: RunInterrupted | None = None
+
+
+def take_interruption() -> RunInterrupted | None:
+    """The :class:`RunInterrupted` recorded by this process's latest interrupted ``fit`` (then forgotten), or None."""
+    global _last_interruption
+    interruption, _last_interruption = _last_interruption, None
+    return interruption
+
+
+def resume_hint(trainer: Trainer, path: Path, signum: int) -> str:
+    """The one line every interruption prints: what stopped the run, the checkpoint, the command that resumes it."""
+    run_config = Path(trainer.log_dir) / "config.yaml" if trainer.log_dir else None
+    config = f" --config {run_config}" if run_config is not None and run_config.is_file() else ""
+    return (
+        f"lit_entropy: interrupted by {signal.Signals(signum).name}; resumable checkpoint written to {path}; "
+        f"no validation or export. Resume with: lit-entropy fit{config} --ckpt_path {path}"
+    )
 
 
 def _world() -> tuple[int, int]:
@@ -87,7 +130,7 @@ class ResumableCheckpointing(Callback):
         self._step_start_state: dict[str, Any] | None = None
         self._val_state: dict[str, Any] | None = None
         self._saving_mid_step = False
-        self._stop_code = 0
+        self._stop_code = 0  # (request kind) * 256 + signal number; the larger request wins
         self._previous_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ setup
@@ -156,7 +199,7 @@ class ResumableCheckpointing(Callback):
 
     def _make_handler(self, code: int) -> Any:
         def handler(signum: int, frame: Any) -> None:
-            self._stop_code = max(self._stop_code, code)
+            self._stop_code = max(self._stop_code, code * 256 + int(signum))
             if signum == signal.SIGINT:  # the next Ctrl-C goes to the previous handler (KeyboardInterrupt at once)
                 signal.signal(signal.SIGINT, self._previous_handlers.get(signum) or signal.default_int_handler)
 
@@ -183,7 +226,7 @@ class ResumableCheckpointing(Callback):
         code = torch.tensor([float(self._stop_code)], device=pl_module.device)
         if _world()[1] > 1:
             dist.all_reduce(code, op=dist.ReduceOp.MAX)
-        code_value = int(code.item())
+        code_value, signum = divmod(int(code.item()), 256)
         if code_value == 0:
             return
         if code_value == _STOP_REQUEUE:
@@ -192,7 +235,6 @@ class ResumableCheckpointing(Callback):
         else:
             path = _interrupt_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
-        trainer.should_stop = True
         self.interrupted_path = path
         self._stop_code = 0
         if code_value == _STOP_REQUEUE:
@@ -200,7 +242,11 @@ class ResumableCheckpointing(Callback):
                 _slurm_requeue()
             rank_zero_info(f"lit_entropy: requeue signal; checkpoint written to {path}, SLURM job requeued")
         else:
-            rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (--ckpt_path {path})")
+            rank_zero_info(resume_hint(trainer, path, signum))
+        # Not trainer.should_stop: Lightning would then validate and the module export a half-trained policy,
+        # and the process would exit 0 as if the run had finished.
+        self._restore_signal_handlers()
+        raise _record(RunInterrupted(signum, path))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._step_start_state = get_rng_state()
@@ -224,7 +270,11 @@ class ResumableCheckpointing(Callback):
 
     # ----------------------------------------------------------------- Ctrl-C
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not self.interrupt_checkpoint or not isinstance(exception, KeyboardInterrupt):
+        self._restore_signal_handlers()
+        if not isinstance(exception, KeyboardInterrupt):
+            return
+        if not self.interrupt_checkpoint or trainer.state.fn != "fit":
+            _record(RunInterrupted(signal.SIGINT, None))
             return
         if trainer.world_size > 1:
             # Saving is collective (FSDP2 gathers shards); ranks interrupted at different points would hang.
@@ -232,8 +282,10 @@ class ResumableCheckpointing(Callback):
                 "KeyboardInterrupt with several processes (a second Ctrl-C, or one outside the training loop):"
                 " no interrupt checkpoint written"
             )
+            _record(RunInterrupted(signal.SIGINT, None))
             return
-        if trainer.state.fn != "fit" or (trainer.global_step == 0 and self._step_start_state is None):
+        if trainer.global_step == 0 and self._step_start_state is None:
+            _record(RunInterrupted(signal.SIGINT, None))
             return
         path = _interrupt_checkpoint_path(trainer)
         self._saving_mid_step = self._step_start_state is not None
@@ -242,7 +294,14 @@ class ResumableCheckpointing(Callback):
         finally:
             self._saving_mid_step = False
         self.interrupted_path = path
-        rank_zero_info(f"lit_entropy: interrupted; resumable checkpoint written to {path} (fit --ckpt_path {path})")
+        rank_zero_info(resume_hint(trainer, path, signal.SIGINT))
+        _record(RunInterrupted(signal.SIGINT, path))
+
+
+def _record(interruption: RunInterrupted) -> RunInterrupted:
+    global _last_interruption
+    _last_interruption = interruption
+    return interruption
 
 
 def _refresh_last_checkpoints(trainer: Trainer) -> None:

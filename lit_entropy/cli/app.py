@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -452,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     Settings errors and refused actions (:class:`SettingsError`, an export target that holds other files)
     print one line, ``lit-entropy: error: ...``, and exit with status 2; a user's reward function that fails
     during the run (:class:`~lit_entropy.rewards.RewardFunctionError`) prints one line and exits with status 1.
+    A run stopped by a signal exits as shells expect of a process ended by it (:data:`INTERRUPTED_EXIT`):
+    SIGTERM 143, Ctrl-C 130, after its resumable checkpoint and without validation or export.
     Set ``LIT_ENTROPY_TRACEBACK=1`` for the traceback.
     """
     import os
@@ -467,12 +471,53 @@ def main(argv: list[str] | None = None) -> None:
         if argv[:1] == ["export"]:
             export_main(argv[1:])
             return
-        cli_main(None if from_command_line else argv)
+        with interruption_exit_status():
+            cli_main(None if from_command_line else argv)
     except (SettingsError, FileExistsError, RewardFunctionError) as err:
         if os.environ.get("LIT_ENTROPY_TRACEBACK"):
             raise
         print(f"lit-entropy: error: {err}", file=sys.stderr)
         raise SystemExit(1 if isinstance(err, RewardFunctionError) else 2) from None
+
+
+#: Exit status of a run stopped by a signal: 128 + the signal's number, as shells report a process it ended.
+INTERRUPTED_EXIT = {"SIGTERM": 143, "SIGINT": 130}
+
+
+@contextmanager
+def interruption_exit_status() -> Iterator[None]:
+    """Exit 143 (SIGTERM) or 130 (Ctrl-C) when the command is interrupted, whatever Lightning exits with.
+
+    ``fit`` itself ends a signalled run with :class:`~lit_entropy.checkpointing.RunInterrupted` (its
+    checkpoint and resume command already printed); Lightning ends a Ctrl-C with ``sys.exit(1)`` and a
+    SIGTERM during a validation with a ``SystemExit`` of status 0: those become 130 and 143. A Ctrl-C
+    before training (loading the model) prints one line instead of a traceback.
+    """
+    import signal
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lit_entropy.checkpointing import RunInterrupted, take_interruption
+
+    take_interruption()  # a previous in-process command's
+    try:
+        yield
+    except RunInterrupted:
+        raise
+    except SIGTERMException:
+        interruption = RunInterrupted(signal.SIGTERM, None)
+    except KeyboardInterrupt:
+        interruption = RunInterrupted(signal.SIGINT, None)
+    except SystemExit:
+        recorded = take_interruption()
+        if recorded is None:
+            raise
+        interruption = recorded
+    else:
+        return
+    if interruption.path is None:  # else the checkpoint and the resume command are printed already
+        print(f"lit-entropy: {interruption} before the first training step; nothing to resume", file=sys.stderr)
+    raise SystemExit(interruption.code)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_entropy.callbacks import EntropyDiscriminatorClipping
-from lit_entropy.checkpointing import AtomicCheckpointIO
+from lit_entropy.checkpointing import AtomicCheckpointIO, RunInterrupted
 from lit_entropy.cli import export_main
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.internals.lightning import logger_step
@@ -97,7 +97,10 @@ def _fit(model_dir, root: Path, *, max_steps=-1, ckpt_path=None, module=None, re
         default_root_dir=root,
         callbacks=[recorder, EntropyDiscriminatorClipping("clip_b", mu=0.5), *callbacks],
     )
-    trainer.fit(module, data, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+    except RunInterrupted as stop:  # a signal: the checkpoint is written, no validation or export follows
+        trainer.interruption = stop
     return module, trainer, recorder
 
 
@@ -368,6 +371,7 @@ def test_sigterm_writes_a_checkpoint_that_resumes_exactly(tiny_model_dir, tmp_pa
     assert sorted(first.rows) == list(range(1, STOP_AFTER + 1)), "stopped at the end of the signalled batch"
     path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
     assert path.is_file() and trainer.global_step == STOP_AFTER * UPDATES_PER_BATCH
+    assert trainer.interruption.code == 143 and trainer.interruption.path == path  # no validation, no export
     module, trainer, resumed = _fit(tiny_model_dir, tmp_path / "resume", ckpt_path=path)
     assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
     _assert_same_tail(resumed.rows, reference)
@@ -409,6 +413,7 @@ def test_slurm_requeue_signal_saves_an_hpc_checkpoint_requeues_and_the_requeued_
     assert sorted(first.rows) == list(range(1, STOP_AFTER + 1))
     assert (root / "hpc_ckpt_1.ckpt").is_file()
     assert calls.read_text().split() == ["requeue", "4242"]
+    assert trainer.interruption.code == 128 + signal.SIGUSR1  # stopped: neither validation nor export follows
     module, trainer, resumed = _fit(tiny_model_dir, root)  # the requeued job: no ckpt_path
     assert trainer.global_step == BATCHES * UPDATES_PER_BATCH
     _assert_same_tail(resumed.rows, reference)

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from transformers import AutoTokenizer
 
+from lit_entropy.checkpointing import RunInterrupted
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import HFRolloutEngine
@@ -83,7 +84,10 @@ def _fit(model_dir: str, root: Path, module: RFTModule | None = None, ckpt_path=
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=root, callbacks=[steps],
     )  # fmt: skip
-    trainer.fit(module, data, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+    except RunInterrupted as stop:  # a signal: the checkpoint is written, no validation or export follows
+        trainer.interruption = stop
     return module, trainer, steps.steps
 
 
@@ -113,6 +117,7 @@ def test_sigterm_during_a_refill_resumes_to_the_uninterrupted_weights(tiny_model
     _, trainer, steps = _fit(tiny_model_dir, tmp_path / "run", module)
     assert signal.getsignal(signal.SIGTERM) == previous
     assert max(steps) == batch, "stopped at the end of the signalled generation batch"
+    assert trainer.interruption.code == 143
     path = tmp_path / "run" / "checkpoints" / "interrupted.ckpt"
     fill = torch.load(path, weights_only=True)["lit_entropy_group_fill"]
     assert len(fill) == 1 and fill[0]["gen_batches"] >= 2, "the checkpoint holds a fill of 2+ generation batches"

@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from lit_entropy.callbacks import EntropyDiscriminatorClipping
+from lit_entropy.checkpointing import RunInterrupted
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.distributed.fsdp2 import FSDP2Strategy, full_state_dict
 from lit_entropy.module import RFTModule
@@ -218,7 +219,11 @@ def run(
             *([InterruptRank1(sigint_rank1_batch)] if sigint_rank1_batch is not None else []),
         ],
     )
-    trainer.fit(module, data, ckpt_path=ckpt_path)
+    interrupted = None
+    try:
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+    except RunInterrupted as stop:  # every rank wrote the interrupt checkpoint and stopped: no validation, no export
+        interrupted = stop.code
     state = full_state_dict(module.policy)  # collective under FSDP2
     if trainer.global_rank == 0:
         os.makedirs(out, exist_ok=True)
@@ -236,6 +241,7 @@ def run(
             "export_path": module.export_path,
             "num_skipped_updates": module.skipped_updates.total,
             "update_shapes": update_shapes,
+            "interrupted": interrupted,
         }
         Path(out, "metrics.json").write_text(json.dumps(info))
 

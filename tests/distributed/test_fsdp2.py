@@ -117,7 +117,8 @@ def test_bf16_mixed_precision_trains(model_dir, single, tmp_path):
 def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path, stop):
     """Stop 2 FSDP2 ranks after step 1 (consolidated checkpoint without the reference), resume: step 2
     and the final weights equal the uninterrupted single-process run. ``ctrl_c``: SIGINT reaches rank 1
-    only, during batch 0; both ranks finish the batch, write the interrupt checkpoint together and exit 0."""
+    only, during batch 0; both ranks finish the batch, write the interrupt checkpoint together and stop with
+    ``RunInterrupted`` (status 130)."""
     reference, ref_weights = single
     if stop == "max_steps":
         first = _two_ranks(model_dir, tmp_path / "a", "--max-steps", "1")
@@ -125,6 +126,7 @@ def test_fsdp2_stop_and_resume_continues_the_run(model_dir, single, tmp_path, st
     else:
         first = _two_ranks(model_dir, tmp_path / "a", "--sigint-rank1-batch", "0")
         ckpt = tmp_path / "a" / "checkpoints" / "interrupted.ckpt"
+        assert first["interrupted"] == 130
     assert first["global_step"] == 1 and len(first["rows"]) == 1
     state = torch.load(ckpt, weights_only=True)
     assert not any(k.startswith("ref_model.") for k in state["state_dict"])

@@ -36,7 +36,6 @@ from lit_entropy.settings import (
     PPOConfig,
     RewardConfig,
     RFTSettings,
-    RolloutCorrectionConfig,
     TrainingSamplingConfig,
     UpdateConfig,
 )
@@ -82,14 +81,13 @@ class RFTModule(LightningModule):
         sampling: training rollouts; ``num_samples`` is the GRPO group size; ``filter_groups``: DAPO dynamic sampling.
         reward: reward function and what counts as correct.
         advantages: how rewards become advantages.
-        loss: policy loss, KL and entropy terms.
+        loss: policy loss, KL and entropy terms, rollout correction.
         ppo: PPO-only settings; null with ``algorithm: ppo`` = their defaults.
         update: epochs, mini-batches, micro-batches per rollout batch.
         optim: optimizer and LR schedule.
         evaluation: K samples per prompt at validation / test, and the pass@k ladder.
         rollout: the rollout engine (``class_path``); null = Hugging Face ``generate`` on the policy.
         logging: sample logging and export.
-        rollout_correction: importance weights between the engine's and the trainer's log-probs (off by default).
     """
 
     def __init__(
@@ -106,19 +104,17 @@ class RFTModule(LightningModule):
         evaluation: EvaluationConfig = EvaluationConfig(),
         rollout: RolloutEngine | None = None,
         logging: LoggingConfig = LoggingConfig(),
-        rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),
     ) -> None:
         super().__init__()
         groups = dict(policy=policy, algorithm=algorithm, sampling=sampling, reward=reward, advantages=advantages)
         groups.update(loss=loss, ppo=ppo, update=update, optim=optim, evaluation=evaluation, logging=logging)
-        groups.update(rollout_correction=rollout_correction)
         self.settings = RFTSettings.build(**groups)
         self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
         self.model_name_or_path = self.settings.policy.model_name_or_path or default_model_path()
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
-        self.settings.rollout_correction.check_engine(self.rollout_engine)
+        self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
         self.owns_rollout_engine = False
         # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
         self.policy = self.ref_model = self.critic = self.value_head = None

@@ -255,8 +255,13 @@ class LossConfig:
     mask_truncated: bool = False
     """Truncated responses (no EOS within ``model.sampling.max_new_tokens``) leave the loss: their tokens drop out of
     the loss mask (their rewards still count in their group's advantages)."""
+    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    """Importance weights ``pi_trainer / pi_rollout`` on each token's policy-loss term, between the rollout engine's
+    and the trainer's log-probs (``model.loss.rollout_correction.*``; off by default)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.rollout_correction, Mapping):  # a checkpoint stores the nested group as a dict
+            object.__setattr__(self, "rollout_correction", RolloutCorrectionConfig(**self.rollout_correction))
         POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss)
         if self.loss_agg_mode is None:  # frozen: the resolved mode is stored once, so HPARAMS show what ran
             object.__setattr__(self, "loss_agg_mode", default_loss_agg_mode(self.policy_loss))
@@ -269,6 +274,12 @@ class LossConfig:
         check_number("model.loss.kl_coef", self.kl_coef, low=0)
         check_number("model.loss.entropy_coef", self.entropy_coef, low=0)
         check_flag("model.loss.mask_truncated", self.mask_truncated)
+        correction = self.rollout_correction
+        if correction.enabled and not policy_loss_takes_token_weights(self.policy_loss):
+            raise ValueError(
+                f"model.loss.rollout_correction.level={correction.level!r} weighs each token's policy-loss term, "
+                f"but model.loss.policy_loss={self.policy_loss!r} takes no token_weights parameter"
+            )
 
 
 @dataclass(frozen=True)
@@ -402,7 +413,6 @@ class RFTSettings:
     optim: OptimConfig
     evaluation: EvaluationConfig
     logging: LoggingConfig
-    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
 
     @classmethod
     def build(cls, **groups: Any) -> RFTSettings:
@@ -454,11 +464,6 @@ class RFTSettings:
             prefix="model.reward.",
         )
         self._resolve_estimator()
-        if self.rollout_correction.enabled and not policy_loss_takes_token_weights(self.loss.policy_loss):
-            raise ValueError(
-                f"model.rollout_correction.level={self.rollout_correction.level!r} weighs each token's policy-loss "
-                f"term, but model.loss.policy_loss={self.loss.policy_loss!r} takes no token_weights parameter"
-            )
 
     def _resolve_estimator(self) -> None:
         """Fill in the algorithm's estimator when none is set; refuse an estimator the algorithm cannot feed."""
@@ -496,5 +501,4 @@ _GROUP_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "logging": LoggingConfig,
-    "rollout_correction": RolloutCorrectionConfig,
 }

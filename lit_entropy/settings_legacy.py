@@ -17,7 +17,7 @@ _GROUP_FIELDS = {
     "optim": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
     "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
 }
-_TIS = "model.rollout_correction.upper (with level: token, mode: truncate)"
+_TIS = "model.loss.rollout_correction.upper (with level: token, mode: truncate)"
 RENAMED_MODEL_KEYS: dict[str, str] = {
     "update.fuse_old_logprob_pass": "update.reuse_statistics_forward",
     "policy.fused_lm_head": "policy.blockwise_lm_head",
@@ -43,6 +43,7 @@ LEGACY_MODEL_KEYS: dict[str, str] = {
     "val_pass_k": "model.evaluation.pass_k",
     "vllm_options": "model.rollout (class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...})",
     "rollout_engine": "model.rollout",
+    "rollout_correction": "model.loss.rollout_correction",
     **{old: f"model.{new}" for old, new in RENAMED_MODEL_KEYS.items()},
 }
 """Old ``model.*`` keys (dotted below ``model``: flat 0.1 keys and renamed grouped ones) and today's setting."""
@@ -98,6 +99,9 @@ def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
                 target.setdefault(new_name, value)
     advantages = out.get("advantages")
     threshold = advantages.pop("rollout_is_threshold", None) if isinstance(advantages, dict) else None
-    if threshold is not None and "rollout_correction" not in out:  # 0.3's truncated IS is today's token truncate
-        out["rollout_correction"] = {"level": "token", "mode": "truncate", "upper": threshold}
+    correction = out.pop("rollout_correction", None)  # older checkpoints: a group of its own, now in model.loss
+    if correction is None and threshold is not None:  # 0.3's truncated IS is today's token truncate
+        correction = {"level": "token", "mode": "truncate", "upper": threshold}
+    if correction is not None and isinstance(out.setdefault("loss", {}), dict):
+        out["loss"].setdefault("rollout_correction", correction)
     return out

@@ -75,13 +75,13 @@ ROLLOUT_FIELDS: tuple[RolloutField, ...] = (
     RolloutField(
         "kept_log_mass",
         "log of the trainer's probability mass in the top-k / top-p kept set; None unless "
-        "``model.rollout_correction.kept_set_logprobs`` and a filter are on",
+        "``model.loss.rollout_correction.kept_set_logprobs`` and a filter are on",
         statistics=True,
         context=False,
     ),
     RolloutField(
         "rollout_weights",
-        "rollout-correction weights of each token's policy-loss term; None unless ``model.rollout_correction`` is on",
+        "rollout-correction weights of each token's policy-loss term; None unless ``model.loss.rollout_correction`` is on",
         context=False,
     ),
 )

@@ -117,11 +117,12 @@ def test_a_name_added_to_the_functional_layer_needs_no_second_edit(monkeypatch, 
         (lambda: PolicyConfig(dtype="int8"), r"model.policy.dtype must be one of .*got 'int8'"),
         (
             lambda: RolloutCorrectionConfig(level="token", upper=-1.0),
-            r"model.rollout_correction.upper must be a finite number > 0, got -1.0",
+            r"model.loss.rollout_correction.upper must be a finite number > 0, got -1.0",
         ),
         (
             lambda: RolloutCorrectionConfig(mode="mask"),
-            r"model.rollout_correction.mode='mask' is set but the correction is off \(model.rollout_correction.level",
+            r"model.loss.rollout_correction.mode='mask' is set but the correction is off "
+            r"\(model.loss.rollout_correction.level",
         ),
     ],
 )
@@ -191,7 +192,7 @@ def test_settings_round_trip_through_plain_checkpoint_data():
 
 
 def test_the_truncated_is_threshold_is_refused_and_carried_over_from_checkpoints():
-    new = "model.rollout_correction.upper (with level: token, mode: truncate)"
+    new = "model.loss.rollout_correction.upper (with level: token, mode: truncate)"
     for old in ({"advantages": {"rollout_is_threshold": 2.0}}, {"rollout_is_threshold": 2.0}):
         key = "advantages.rollout_is_threshold" if "advantages" in old else "rollout_is_threshold"
         with pytest.raises(ValueError, match=re.escape(f"model.{key} -> {new}")):
@@ -199,9 +200,21 @@ def test_the_truncated_is_threshold_is_refused_and_carried_over_from_checkpoints
     saved = {"advantages": {"scale": "batch", "rollout_is_threshold": 3.0}}
     settings = RFTSettings.build(**carry_over_renamed_keys(saved))
     assert settings.advantages.scale == "batch" and saved["advantages"]["rollout_is_threshold"] == 3.0
-    assert settings.rollout_correction == RolloutCorrectionConfig(level="token", mode="truncate", upper=3.0)
+    assert settings.loss.rollout_correction == RolloutCorrectionConfig(level="token", mode="truncate", upper=3.0)
     off = RFTSettings.build(**carry_over_renamed_keys({"advantages": {"rollout_is_threshold": None}}))
-    assert not off.rollout_correction.enabled
+    assert not off.loss.rollout_correction.enabled
+
+
+def test_the_rollout_correction_group_moved_into_loss():
+    """``model.rollout_correction`` (a group of its own until issue 33) is refused in configs with its new place, and
+    a checkpoint that stored it at the top carries it into ``model.loss``."""
+    with pytest.raises(ValueError, match=re.escape("model.rollout_correction -> model.loss.rollout_correction")):
+        check_legacy_model_keys({"rollout_correction": {"level": "token"}}, "old.yaml")
+    saved = {"loss": {"kl_coef": 0.1}, "rollout_correction": {"level": "token", "upper": 3.0}}
+    settings = RFTSettings.build(**saved)  # what load_from_checkpoint hands the module
+    assert settings.loss.rollout_correction == RolloutCorrectionConfig(level="token", upper=3.0)
+    assert settings.loss.kl_coef == 0.1 and saved["rollout_correction"] == {"level": "token", "upper": 3.0}
+    assert RFTSettings.build(**settings.to_hparams()) == settings  # stored nested, read back nested
 
 
 def test_correction_refuses_a_policy_loss_without_token_weights():
@@ -214,10 +227,7 @@ def test_correction_refuses_a_policy_loss_without_token_weights():
     try:
         RFTSettings.build(loss=LossConfig(policy_loss="test_unweighted"))  # fine without correction
         with pytest.raises(ValueError, match="model.loss.policy_loss='test_unweighted' takes no token_weights"):
-            RFTSettings.build(
-                loss=LossConfig(policy_loss="test_unweighted"),
-                rollout_correction=RolloutCorrectionConfig(level="token"),
-            )
+            LossConfig(policy_loss="test_unweighted", rollout_correction=RolloutCorrectionConfig(level="token"))
     finally:
         POLICY_LOSSES.unregister("test_unweighted")
 

@@ -11,7 +11,7 @@ Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
   ``mask`` is the loss mask (the response mask narrowed by callbacks); ``extra`` holds at least
   ``response_mask`` (every valid response token, e.g. for sequence-level ratios). A loss ignores the
   extras it does not read, except ``token_weights`` (``[N, T]`` rollout-correction weights, given only when
-  ``model.rollout_correction`` is on): a loss must multiply each token's loss term by them, and one without a
+  ``model.loss.rollout_correction`` is on): a loss must multiply each token's loss term by them, and one without a
   ``token_weights`` parameter is refused with the correction on (:func:`policy_loss_takes_token_weights`).
 - advantage estimator: ``(token_rewards, mask, *, group_size, values=None, **extra) -> (advantages,
   returns | None)``; ``token_rewards`` ``[N, T]`` holds each sequence's reward at its last valid token

@@ -124,7 +124,7 @@ class RolloutEngine(ABC):
 
     Attributes:
         reports_logprobs: :meth:`generate` fills ``rollout_logprobs`` (the mismatch metrics and
-            ``model.rollout_correction`` need them).
+            ``model.loss.rollout_correction`` need them).
     """
 
     reports_logprobs: ClassVar[bool] = False

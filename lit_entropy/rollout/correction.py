@@ -1,8 +1,9 @@
-"""``model.rollout_correction``: how the gap between the rollout engine's and the trainer's log-probs is corrected.
+"""``model.loss.rollout_correction``: correcting the gap between the rollout engine's and the trainer's log-probs.
 
 The math is :mod:`lit_entropy.functional.rollout_correction`; this is its settings group (names in verl's
-``rollout_correction`` spirit). The group sits with the engines because it exists for them: it needs one that
-reports the log-probs it sampled with (:attr:`~lit_entropy.rollout.RolloutEngine.reports_logprobs`).
+``rollout_correction`` spirit), nested in ``model.loss`` because its weights multiply each token's policy-loss term.
+The class sits with the engines because it exists for them: it needs one that reports the log-probs it sampled
+with (:attr:`~lit_entropy.rollout.RolloutEngine.reports_logprobs`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class RolloutCorrectionConfig:
     ``model.policy.logprob_chunk_size``); works with the correction off too (metrics only)."""
 
     def __post_init__(self) -> None:
-        prefix = "model.rollout_correction."
+        prefix = "model.loss.rollout_correction."
         if self.level is None:
             free = ("level", "kept_set_logprobs")
             changed = [f.name for f in fields(self) if f.name not in free and getattr(self, f.name) != f.default]
@@ -59,7 +60,7 @@ class RolloutCorrectionConfig:
         """Refuse a correction the engine cannot feed: it must report the log-probs it sampled with."""
         if self.enabled and not engine.reports_logprobs:
             raise ValueError(
-                f"model.rollout_correction.level={self.level!r} needs the log-probs the engine sampled with, but "
+                f"model.loss.rollout_correction.level={self.level!r} needs the log-probs the engine sampled with, but "
                 f"model.rollout={type(engine).__name__} reports none (RolloutEngine.reports_logprobs)"
             )
 

@@ -28,7 +28,7 @@ class HFRolloutEngine(RolloutEngine):
     computed from the very scores the sampler read: ``softmax(logits / T)`` restricted to the top-k / top-p kept
     set and renormalised over it. The trainer's log-probs are of the full ``softmax(logits / T)``, so with top-p
     or top-k on, ``trainer - rollout`` sits below 0 by ``log`` of the kept mass (the correction weights below 1);
-    ``model.rollout_correction.kept_set_logprobs`` renormalises the trainer's side over the same kept set.
+    ``model.loss.rollout_correction.kept_set_logprobs`` renormalises the trainer's side over the same kept set.
 
     Args:
         eos_token_id: id(s) that end a completion; None = the tokenizer's (filled in by :meth:`attach`).

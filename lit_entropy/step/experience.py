@@ -185,7 +185,7 @@ def token_advantages(
 def rollout_mismatch(
     trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, settings: RFTSettings
 ) -> tuple[Tensor | None, Tensor]:
-    """``model.rollout_correction``'s weights ``[N, T]`` (None when off) and the mismatch sums of the batch.
+    """``model.loss.rollout_correction``'s weights ``[N, T]`` (None when off) and the mismatch sums of the batch.
 
     Args:
         trainer_logprobs: ``[N, T]`` the statistics pass's log-probs of the sampled tokens.
@@ -193,7 +193,7 @@ def rollout_mismatch(
         mask: ``[N, T]`` bool response mask.
         settings: the run's settings.
     """
-    config = settings.rollout_correction
+    config = settings.loss.rollout_correction
     if not config.enabled:
         return None, mismatch_sums(trainer_logprobs, rollout_logprobs, mask)
     correction = rollout_correction(
@@ -217,7 +217,7 @@ def build_experience(
     penalty (``model.reward.overlong_buffer``). The loss mask starts as the response mask, less the truncated
     rows under ``model.loss.mask_truncated`` (a row of ``max_new_tokens`` tokens not ending in one of
     ``eos_token_ids``); callbacks narrow it afterwards. With an engine that reports log-probs, the rollout
-    correction's weights (``model.rollout_correction``) are kept apart from the advantages: they multiply each
+    correction's weights (``model.loss.rollout_correction``) are kept apart from the advantages: they multiply each
     token's policy-loss term, so the callbacks and the dashboard read the estimator's advantages.
     """
     mask = rollout.response_mask

@@ -27,7 +27,7 @@ LogitsChunk = Callable[[int, int, Tensor], Tensor]
 def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSettings) -> Tensor | None:
     """``log`` of the mass ``softmax(logits / T)`` puts on the tokens ``model.sampling``'s top-k / top-p keep, at
     each response position ``[n, T]`` (float32, 0 outside the response mask); None unless
-    ``model.rollout_correction.kept_set_logprobs`` is on, a filter is on and the engine reported log-probs.
+    ``model.loss.rollout_correction.kept_set_logprobs`` is on, a filter is on and the engine reported log-probs.
 
     One more forward of ``model`` over the rows (no graph; packed under ``model.update.pack_sequences``, as the
     statistics pass). As in :func:`~lit_entropy.step.response_forward` the forward keeps no logits: the head runs on
@@ -40,7 +40,7 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
     """
     sampling = settings.sampling
     filtered = sampling.top_k > 0 or sampling.top_p < 1.0
-    if not (settings.rollout_correction.kept_set_logprobs and filtered and rollout.rollout_logprobs is not None):
+    if not (settings.loss.rollout_correction.kept_set_logprobs and filtered and rollout.rollout_logprobs is not None):
         return None
     mask = rollout.response_mask
     tokens = mask.reshape(-1).nonzero().squeeze(1)  # flat [n * T] index of each response token

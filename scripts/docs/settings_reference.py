@@ -50,6 +50,8 @@ def _value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if dataclasses.is_dataclass(value):  # a nested group at its defaults (its own table follows)
+        return "{}"
     return str(value)
 
 

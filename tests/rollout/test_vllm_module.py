@@ -12,7 +12,7 @@ from lit_entropy.assets import default_model_path
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, RolloutCorrectionConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, LossConfig, OptimConfig, RolloutCorrectionConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -27,7 +27,7 @@ def test_vllm_rollout_without_vllm_names_the_extra():
 def test_invalid_rollout_settings():
     with pytest.raises(TypeError, match="model.rollout must be a lit_entropy.rollout.RolloutEngine .* got 'sglang'"):
         RFTModule(rollout="sglang")
-    with pytest.raises(ValueError, match=r"model.rollout_correction.upper must be a finite number > 0, got 0.0"):
+    with pytest.raises(ValueError, match=r"model.loss.rollout_correction.upper must be a finite number > 0, got 0.0"):
         RolloutCorrectionConfig(level="token", upper=0.0)
 
 
@@ -38,7 +38,7 @@ def test_fit_with_the_vllm_engine_logs_the_logprob_gap(tmp_path, monkeypatch):
     seed_everything(0)
     module = RFTModule(
         rollout=VLLMRolloutEngine(max_model_len=64, gpu_memory_utilization=0.1, dtype="float32"),
-        rollout_correction=RolloutCorrectionConfig(level="token", upper=2.0),
+        loss=LossConfig(rollout_correction=RolloutCorrectionConfig(level="token", upper=2.0)),
         logging=LoggingConfig(export_dir=str(tmp_path / "hf_model")),
         optim=OptimConfig(lr=1e-2),  # large enough that the trained policy differs measurably from the shipped one
         sampling=SamplingConfig(num_samples=4, max_new_tokens=4),

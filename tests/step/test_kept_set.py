@@ -1,4 +1,4 @@
-"""``model.rollout_correction.kept_set_logprobs`` on the HF engine: the engine reports log-probs of the top-p
+"""``model.loss.rollout_correction.kept_set_logprobs`` on the HF engine: the engine reports log-probs of the top-p
 distribution it sampled from; renormalising the trainer's over the same kept set removes the mismatch."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from lit_entropy.functional.rollout_correction import mismatch_metrics
 from lit_entropy.rollout import HFRolloutEngine, RolloutBatch, SamplingConfig
-from lit_entropy.settings import PolicyConfig, RFTSettings, RolloutCorrectionConfig, UpdateConfig
+from lit_entropy.settings import LossConfig, PolicyConfig, RFTSettings, RolloutCorrectionConfig, UpdateConfig
 from lit_entropy.step import RolloutStatistics, build_experience, response_forward
 from lit_entropy.step.kept_set import kept_set_log_mass
 
@@ -30,7 +30,7 @@ def test_the_kept_set_removes_the_top_p_mismatch_on_the_hf_engine(tiny_model_dir
     metrics = {}
     for kept in (False, True):
         correction = RolloutCorrectionConfig(level="token", kept_set_logprobs=kept)
-        settings = RFTSettings.build(sampling=sampling, rollout_correction=correction)
+        settings = RFTSettings.build(sampling=sampling, loss=LossConfig(rollout_correction=correction))
         with torch.no_grad():
             stats = response_forward(model, rollout, temperature=sampling.temperature).stats
         mass = kept_set_log_mass(model, rollout, settings)
@@ -136,7 +136,7 @@ def test_kept_set_log_mass_matches_a_float64_brute_force(tiny_model_dir, top_k, 
     sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=top_p, top_k=top_k, max_new_tokens=7)
     settings = RFTSettings.build(
         sampling=sampling,
-        rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+        loss=LossConfig(rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True)),
         policy=PolicyConfig(logprob_chunk_size=3, blockwise_lm_head=blockwise),
         update=UpdateConfig(pack_sequences=packed),
     )
@@ -177,7 +177,7 @@ def test_kept_set_log_mass_holds_one_chunk_of_vocabulary_sized_tensors(tiny_mode
     sampling = SamplingConfig(num_samples=2, temperature=0.7, top_p=0.6, top_k=8, max_new_tokens=7)
     settings = RFTSettings.build(
         sampling=sampling,
-        rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+        loss=LossConfig(rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True)),
         policy=PolicyConfig(logprob_chunk_size=rows),
         update=UpdateConfig(pack_sequences=packed),
     )
@@ -197,7 +197,7 @@ def test_packed_kept_set_equals_the_padded_one_on_mixed_lengths(tiny_model_dir):
     for packed in (False, True):
         settings = RFTSettings.build(
             sampling=sampling,
-            rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True),
+            loss=LossConfig(rollout_correction=RolloutCorrectionConfig(level="token", kept_set_logprobs=True)),
             policy=PolicyConfig(logprob_chunk_size=3),
             update=UpdateConfig(pack_sequences=packed),
         )

@@ -40,7 +40,7 @@ def test_callbacks_read_the_estimators_advantages_with_correction_on(level):
     rollout, statistics, rewards, gap = _batch()
     correction = RolloutCorrectionConfig(level=level, upper=1.5) if level else RolloutCorrectionConfig()
     sampling = SamplingConfig(num_samples=2, max_new_tokens=WIDTH)
-    settings = RFTSettings.build(sampling=sampling, rollout_correction=correction)
+    settings = RFTSettings.build(sampling=sampling, loss=LossConfig(rollout_correction=correction))
     exp = build_experience(rollout, rewards, statistics, settings)
     expected = _grpo([1.0, 0.0]) + _grpo([0.0, 1.0])
     context, mask = exp.token_context(), rollout.response_mask
@@ -63,8 +63,8 @@ def test_the_weights_multiply_each_tokens_policy_loss_term():
     rollout, statistics, rewards, gap = _batch()
     correction = RolloutCorrectionConfig(level="token", mode="mask", upper=2.0, lower=0.5)
     settings = RFTSettings.build(
-        sampling=SamplingConfig(num_samples=2, max_new_tokens=WIDTH), loss=LossConfig(clip_ratio_c=None),
-        rollout_correction=correction,
+        sampling=SamplingConfig(num_samples=2, max_new_tokens=WIDTH),
+        loss=LossConfig(clip_ratio_c=None, rollout_correction=correction),
     )  # fmt: skip
     exp = build_experience(rollout, rewards, statistics, settings)
     logprobs = (statistics.old_logprobs + torch.tensor([0.3, -0.3, 0.05])).double().requires_grad_()
@@ -93,6 +93,7 @@ def test_correction_with_an_engine_that_reports_nothing_is_refused_at_constructi
 
     correction = RolloutCorrectionConfig(level="sequence")
     with pytest.raises(ValueError, match=r"level='sequence' needs the log-probs .* model.rollout=Silent reports none"):
-        RFTModule(rollout=Silent(), rollout_correction=correction)
+        RFTModule(rollout=Silent(), loss=LossConfig(rollout_correction=correction))
     RFTModule(rollout=Silent())  # metrics only when reported: nothing to refuse without a correction
-    assert RFTModule(rollout_correction=correction).rollout_engine.reports_logprobs  # the default HF engine
+    corrected = RFTModule(loss=LossConfig(rollout_correction=correction))
+    assert corrected.rollout_engine.reports_logprobs  # the default HF engine

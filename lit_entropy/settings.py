@@ -18,9 +18,8 @@ from lightning.pytorch.cli import OptimizerCallable
 
 from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
 from lit_entropy.functional.checks import check_choice, check_flag, check_number
-from lit_entropy.functional.kl import check_kl_type
+from lit_entropy.functional.losses import check_kl_type, check_policy_loss_args, check_value_loss_args
 from lit_entropy.functional.overlong import check_overlong_args
-from lit_entropy.functional.policy_loss import check_policy_loss_args, check_value_loss_args
 from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     DEFAULT_CLIP_RATIO_C,

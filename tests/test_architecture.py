@@ -18,6 +18,9 @@ Rules (every import counts, including the lazy ones inside functions):
   inside functions are added (a lazy import hides a cycle from the interpreter, not from the reader: two
   modules that need each other are one concept in two files). ``if TYPE_CHECKING:`` blocks are excluded.
   Scripts are named by their dotted name (``scripts.bench.step``), as ``python -m`` and pytest see them.
+- No file of ``lit_entropy/`` imports another file's private (``_underscore``) names, neither
+  ``from m import _name`` nor ``m._name`` on an imported module: a helper two files share is public in its
+  package (issue 33), so a split by concept shows in the names.
 
 Sizes (issue 20): at most 6 top-level modules in ``lit_entropy/`` besides ``__init__``/``__main__``, no file
 in ``lit_entropy/`` over 500 lines and no function there over 60 lines (``def`` line to last line).
@@ -126,7 +129,7 @@ def _violations(modules_under: str, forbidden) -> list[str]:
 
 def test_the_scan_sees_the_package_and_the_scripts():
     # A broken scan (wrong root, no files) would make every rule below pass vacuously.
-    assert {"lit_entropy.functional.policy_loss", "lit_entropy.step.loss", "lit_entropy.cli.app"} <= set(SOURCES)
+    assert {"lit_entropy.functional.losses.ppo", "lit_entropy.step.loss", "lit_entropy.cli.app"} <= set(SOURCES)
     assert {"scripts.bench.step", "scripts.studies.statistics"} <= set(SOURCES)
     lazy = [imp for imp in IMPORTS["lit_entropy.data.tokenizing"] if not imp.module_level]
     assert any(imp.target == "transformers" for imp in lazy), "function-level imports must be scanned"
@@ -171,6 +174,76 @@ def test_step_imports_no_module_callback_cli_or_lightning():
     refused = ("lit_entropy.module", "lit_entropy.callbacks", "lit_entropy.cli", *LIGHTNING)
     bad = _violations("lit_entropy.step", lambda target: any(_within(target, name) for name in refused))
     assert not bad, f"lit_entropy/step/ is Lightning-free and imports none of {refused}:\n" + "\n".join(bad)
+
+
+def _private_uses(module: str, path: Path) -> list[str]:
+    """``file:line ...`` for each private name of another scanned module that ``path`` imports or reads.
+
+    Counted: ``from m import _name`` (any scope) and ``alias._name`` where ``alias`` is bound to a scanned module
+    by ``import m [as alias]`` or ``from package import submodule [as alias]``. Dunder names are not private.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: list[str] = []
+    aliases: dict[str, str] = {}  # local name -> scanned module it is bound to
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in SOURCES:
+                    aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _targets(ast.ImportFrom(module=node.module, names=[], level=node.level), module, is_package)[0]
+            for alias in node.names:
+                if f"{base}.{alias.name}" in SOURCES:  # a submodule: its attributes are read below
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif base in SOURCES and base != module and private(alias.name):
+                    found.append(f"{where}:{node.lineno} imports {alias.name} from {base}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and aliases[node.value.id] != module
+            and private(node.attr)
+        ):
+            found.append(f"{where}:{node.lineno} reads {node.attr} of {aliases[node.value.id]}")
+    return found
+
+
+def test_private_use_finder_sees_imports_and_attribute_reads(tmp_path):
+    source = tmp_path / "fake.py"
+    source.write_text(
+        "import lit_entropy.functional.losses.ratio as ratio\n"
+        "from lit_entropy.functional.entropy import logits\n"
+        "from lit_entropy.functional.losses.ratio import _hidden, token_advantages, __all__\n"
+        "def f():\n"
+        "    from ..entropy.numerics import _secret\n"
+        "    return ratio._clamp, logits._row_dot, ratio.LOG_RATIO_CLAMP, logits.__name__\n"
+    )
+    found = [line.split(" ", 1)[1] for line in _private_uses("lit_entropy.functional.losses.fake", source)]
+    assert sorted(found) == [
+        "imports _hidden from lit_entropy.functional.losses.ratio",
+        "imports _secret from lit_entropy.functional.entropy.numerics",
+        "reads _clamp of lit_entropy.functional.losses.ratio",
+        "reads _row_dot of lit_entropy.functional.entropy.logits",
+    ]
+
+
+def test_no_file_imports_another_files_private_names():
+    bad = [
+        line
+        for module, path in SOURCES.items()
+        if _within(module, "lit_entropy")
+        for line in _private_uses(module, path)
+    ]
+    assert not bad, (
+        "a name two files share is public in its package (drop the underscore, give it a docstring):\n" + "\n".join(bad)
+    )
 
 
 def test_nothing_in_the_library_imports_the_cli():

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import math
 import re
+import sys
 
 import pytest
 
@@ -30,10 +31,10 @@ from lit_entropy.settings import (
     check_legacy_model_keys,
 )
 
-# The defining modules (``lit_entropy.functional.policy_loss`` is also the name of a function there).
-advantages_module = importlib.import_module("lit_entropy.functional.advantages")
-kl_module = importlib.import_module("lit_entropy.functional.kl")
-policy_loss_module = importlib.import_module("lit_entropy.functional.policy_loss")
+# The defining modules (imported by name: ``lit_entropy.functional.policy_loss`` was a module and a function).
+advantages_module = importlib.import_module("lit_entropy.functional.advantages.grpo")
+kl_module = importlib.import_module("lit_entropy.functional.losses.kl")
+aggregation_module = importlib.import_module("lit_entropy.functional.losses.aggregation")
 
 # Every name any functional constant knows, plus near misses: the settings must accept exactly their own list.
 CANDIDATES = sorted({*LOSS_AGG_MODES, *KL_KINDS, *ADVANTAGE_SCALES, "token_mean", "K3", "k4", "seq-mean", "", "none "})
@@ -63,7 +64,7 @@ def test_settings_accept_exactly_the_functional_names(constant, make):
 @pytest.mark.parametrize(
     ("module", "attribute", "make"),
     [
-        (policy_loss_module, "LOSS_AGG_MODES", lambda: LossConfig(loss_agg_mode="my-mode")),
+        (aggregation_module, "LOSS_AGG_MODES", lambda: LossConfig(loss_agg_mode="my-mode")),
         (kl_module, "KL_KINDS", lambda: LossConfig(kl_type="k9")),
         (advantages_module, "ADVANTAGE_SCALES", lambda: AdvantageConfig(scale="rank")),
     ],
@@ -71,7 +72,11 @@ def test_settings_accept_exactly_the_functional_names(constant, make):
 def test_a_name_added_to_the_functional_layer_needs_no_second_edit(monkeypatch, module, attribute, make):
     assert not _accepts(make)
     new_name = {"LOSS_AGG_MODES": "my-mode", "KL_KINDS": "k9", "ADVANTAGE_SCALES": "rank"}[attribute]
-    monkeypatch.setattr(module, attribute, (*getattr(module, attribute), new_name))
+    # As if the defining line were edited: every module holding the constant (it is imported by name) sees it.
+    original = getattr(module, attribute)
+    for holder in [m for name, m in sys.modules.items() if name.startswith("lit_entropy.")]:
+        if getattr(holder, attribute, None) is original:
+            monkeypatch.setattr(holder, attribute, (*original, new_name))
     assert _accepts(make)
 
 

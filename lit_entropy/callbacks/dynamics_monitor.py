@@ -71,7 +71,7 @@ class EntropyDynamicsMonitor(TokenCallback):
     ``A_t grad log pi_t`` (times its aggregation weight). That holds for every policy loss registered with
     ``first_order_entropy=True``: ``ppo``, ``cispo`` (weight 1 at ratio 1), ``gspo`` / ``gspo_token`` / ``gmpo``
     (sequence ratio 1; a token the keep mask drops gets no gradient, see
-    :mod:`lit_entropy.functional.policy_losses_sequence`). At ``setup`` the monitor reads the module's
+    :mod:`lit_entropy.functional.losses.sequence`). At ``setup`` the monitor reads the module's
     ``settings.loss.policy_loss`` and warns when the loss is not one of them (``covers_loss`` is then False).
     Statistics are over the global batch (all-reduced); ``entropy``, ``s_mean`` and ``centred_s_mean``
     cover every response token, masked or not.

@@ -12,7 +12,9 @@ from typing_extensions import override
 from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.distributed.collectives import all_reduce_sum, global_top_k_cut
 from lit_entropy.functional.checks import check_choice
-from lit_entropy.functional.clipping import (
+from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import (
+    TopKCut,
     cap_count,
     check_clip_b_args,
     check_clip_v_args,
@@ -23,8 +25,6 @@ from lit_entropy.functional.clipping import (
     clip_v_scores,
     finite_mask,
 )
-from lit_entropy.functional.masked import masked_moments
-from lit_entropy.functional.selection import TopKCut
 from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext
 
@@ -47,7 +47,7 @@ class EntropyDiscriminatorClipping(TokenCallback):
     ``/frac_neg`` (of tokens with A < 0), ``/frac_pos`` (of tokens with A > 0; only when ``symmetric``:
     the one-sided rule never masks them), ``/s_mean`` (batch mean of S), ``/nonfinite_frac`` (share of
     valid tokens whose S or E_p[S] is NaN/inf: excluded from the statistics and never masked, see
-    :mod:`lit_entropy.functional.clipping`; logged from the first batch that has one on) and, when
+    :mod:`lit_entropy.functional.selection.clipping`; logged from the first batch that has one on) and, when
     policy averages are present, ``/centred_s_mean`` (batch mean of S - E_p[S]).
 
     Args:

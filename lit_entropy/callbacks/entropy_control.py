@@ -27,7 +27,8 @@ from typing_extensions import override
 from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.distributed.collectives import all_gather_counts, all_reduce_sum, global_top_k_cut, is_distributed
 from lit_entropy.functional.checks import check_seed
-from lit_entropy.functional.covariance import (
+from lit_entropy.functional.entropy import adaptive_entropy_coef, check_adaptive_entropy_args
+from lit_entropy.functional.selection import (
     check_clip_cov_args,
     check_high_entropy_args,
     check_kl_cov_args,
@@ -38,9 +39,8 @@ from lit_entropy.functional.covariance import (
     high_entropy_mask,
     kl_cov_coefficients,
     selection_count,
+    top_k_mask,
 )
-from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef, check_adaptive_entropy_args
-from lit_entropy.functional.selection import top_k_mask
 from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext, updates_per_rollout_batch
 
@@ -260,7 +260,7 @@ class AdaptiveEntropyBonus(TokenCallback):
     A :class:`~lit_entropy.protocol.LossCoefficientProvider`. Per rollout batch it reads the global
     mean token entropy ``H``, updates ``coef += delta`` if ``H < entropy_target`` else
     ``coef -= delta``, clamped to ``[coef_min, coef_max]``
-    (:func:`~lit_entropy.functional.entropy_bonus.adaptive_entropy_coef`), and returns ``{"entropy_coef": coef}``,
+    (:func:`~lit_entropy.functional.entropy.bonus.adaptive_entropy_coef`), and returns ``{"entropy_coef": coef}``,
     which the module uses for the update epochs of that batch. Quadrant view: the bonus adds an update that raises
     entropy at every position (``dH = eta * beta * ||S||^2 >= 0``, THEORY §2), independent of A.
     A static bonus is the module's ``model.loss.entropy_coef`` setting without this callback.

@@ -11,8 +11,8 @@ from typing_extensions import override
 from lit_entropy.callbacks.base import TokenCallback
 from lit_entropy.distributed.collectives import all_reduce_sum
 from lit_entropy.functional.checks import check_seed
-from lit_entropy.functional.clipping import check_clip_b_args, clip_b_mask, finite_mask
 from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import check_clip_b_args, clip_b_mask, finite_mask
 from lit_entropy.internals.lightning import callback_state_key
 from lit_entropy.protocol import TokenMaskContext
 

@@ -75,7 +75,7 @@ def all_gather_equal(tensor: Tensor) -> Tensor:
 
 
 def global_top_k_cut(scores: Tensor, candidates: Tensor, k: int) -> TopKCut:
-    """This rank's :class:`~lit_entropy.functional.selection.TopKCut` of the global top-``k`` (two all-gathers).
+    """This rank's :class:`~lit_entropy.functional.selection.top_k.TopKCut` of the global top-``k`` (two all-gathers).
 
     ``k`` must be the same on every rank. With it, ``top_k_mask(scores, candidates, cut)`` on each rank
     selects exactly what one process selects on the rank-major concatenation of the batches.

@@ -1,69 +1,71 @@
 """Pure tensor functions of lit_entropy (no Lightning): entropy dynamics, losses, masks, metrics.
 
 Per-token tensors are ``[batch, response_len]`` with a bool ``mask`` (True = real response token).
+
+One package or module per concept:
+
+- :mod:`.losses`: the registered policy losses (``ppo``, ``gspo``, ``gspo_token``, ``gmpo``, ``cispo``), the
+  importance ratio they share, loss aggregation, the value loss and the KL penalty;
+- :mod:`.advantages`: the registered advantage estimators (``grpo``, ``gae``, ``rloo``, the REINFORCE++ pair)
+  and whitening;
+- :mod:`.entropy`: token entropy and the entropy discriminator from logits or from hidden states and the LM head
+  (fused kernels), the adaptive entropy bonus;
+- :mod:`.selection`: exact top-k selection and the token masks built on it (Clip_B / Clip_V, Clip-Cov / KL-Cov,
+  high-entropy 80/20);
+- :mod:`.registry` (the names of losses and estimators), :mod:`.rollout_correction`, :mod:`.overlong`,
+  :mod:`.pass_at_k`, :mod:`.sampling`, and the shared :mod:`.masked` reductions and :mod:`.checks`.
+
+Everything listed in ``__all__`` is importable from ``lit_entropy.functional`` itself.
 """
 
 from lit_entropy.functional.advantages import (
     ADVANTAGE_SCALES,
     check_advantage_scale,
     check_gae_args,
+    discounted_returns,
     gae_advantages,
     gae_estimator,
     grpo_advantages,
     grpo_estimator,
-    whiten,
-)
-from lit_entropy.functional.advantages_reinforce import (
-    discounted_returns,
     reinforce_plus_plus_baseline_estimator,
     reinforce_plus_plus_estimator,
     rloo_estimator,
+    whiten,
 )
-from lit_entropy.functional.clipping import (
-    cap_count,
-    check_clip_b_args,
-    check_clip_v_args,
-    check_max_frac,
-    clip_b_mask,
-    clip_v_deviation,
-    clip_v_mask,
-    clip_v_scores,
-    moment_stats,
-)
-from lit_entropy.functional.covariance import check_clip_cov_args, check_high_entropy_args, check_kl_cov_args
 from lit_entropy.functional.entropy import (
     EntropyStats,
+    adaptive_entropy_coef,
+    check_adaptive_entropy_args,
     entropy_discriminator,
     entropy_from_logits,
     entropy_stats,
+    linear_entropy_loss,
+    linear_entropy_stats,
     predicted_entropy_change,
 )
-from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef, check_adaptive_entropy_args
-from lit_entropy.functional.kl import KL_KINDS, check_kl_type, kl_penalty
-from lit_entropy.functional.linear_entropy import linear_entropy_stats
-from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
-from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
-from lit_entropy.functional.overlong import check_overlong_args, overlong_penalty, truncated_rows
-from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
-from lit_entropy.functional.policy_loss import (
+from lit_entropy.functional.losses import (
+    KL_KINDS,
     LOSS_AGG_MODES,
     PolicyLossStats,
     aggregate_loss,
+    check_kl_type,
     check_policy_loss_args,
     check_value_loss_args,
+    cispo_policy_loss,
     clipped_token_masks,
-    policy_loss,
-    ppo_policy_loss,
-    value_loss,
-)
-from lit_entropy.functional.policy_loss_cispo import cispo_policy_loss
-from lit_entropy.functional.policy_losses_sequence import (
     gmpo_policy_loss,
     gspo_policy_loss,
     gspo_token_policy_loss,
+    kl_penalty,
     masked_sequence_log_ratio,
+    policy_loss,
+    ppo_policy_loss,
     sequence_log_ratio,
+    value_loss,
 )
+from lit_entropy.functional.masked import masked_mean, masked_moments, masked_sum
+from lit_entropy.functional.overlong import check_overlong_args, overlong_penalty, truncated_rows
+from lit_entropy.functional.pass_at_k import avg_at_k, pass_at_k, pass_at_k_per_prompt
 from lit_entropy.functional.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -81,8 +83,20 @@ from lit_entropy.functional.registry import (
 from lit_entropy.functional.sampling import CategoricalSampler, sample_categorical
 from lit_entropy.functional.selection import (
     TopKCut,
+    cap_count,
+    check_clip_b_args,
+    check_clip_cov_args,
+    check_clip_v_args,
+    check_high_entropy_args,
+    check_kl_cov_args,
+    check_max_frac,
+    clip_b_mask,
+    clip_v_deviation,
+    clip_v_mask,
+    clip_v_scores,
     kth_largest,
     local_top_scores,
+    moment_stats,
     tie_counts,
     top_k_cut,
     top_k_mask,

@@ -17,17 +17,17 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["avg_at_k", "pass_at_k", "pass_at_k_per_prompt"]
+__all__ = ["avg_at_k", "check_correct", "check_counts", "check_k", "pass_at_k", "pass_at_k_per_prompt"]
 
 
-def _check_k(k: object) -> int:
+def check_k(k: object) -> int:
     """Return ``k`` as an int, or raise ValueError unless it is an integer >= 1."""
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"`k` must be an integer >= 1, got k={k!r}")
     return int(k)
 
 
-def _check_correct(correct: Tensor) -> Tensor:
+def check_correct(correct: Tensor) -> Tensor:
     """Validate a ``[num_prompts, n]`` correctness matrix and return it as bool.
 
     Integer tensors holding only 0 and 1 are accepted as well as bool tensors.
@@ -45,7 +45,7 @@ def _check_correct(correct: Tensor) -> Tensor:
     return correct.bool()
 
 
-def _check_counts(num_correct: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
+def check_counts(num_correct: Tensor, num_samples: Tensor) -> tuple[Tensor, Tensor]:
     """Validate per-prompt counts ``[P]`` and return them as int64."""
     for name, value in (("num_correct", num_correct), ("num_samples", num_samples)):
         if not isinstance(value, Tensor):
@@ -87,8 +87,8 @@ def pass_at_k_per_prompt(num_correct: Tensor, num_samples: Tensor, k: int) -> Te
         >>> pass_at_k_per_prompt(torch.tensor([0, 1, 2, 4]), torch.tensor([4, 4, 4, 5]), k=2)
         tensor([0.0000, 0.5000, 0.8333, 1.0000], dtype=torch.float64)
     """
-    k = _check_k(k)
-    c, n = _check_counts(num_correct, num_samples)
+    k = check_k(k)
+    c, n = check_counts(num_correct, num_samples)
     if (n < k).any():
         raise ValueError(f"pass@k needs n >= k samples per prompt, got k={k} and n={int(n.min())}")
     if c.numel() == 0:
@@ -124,8 +124,8 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
         >>> pass_at_k(correct, k=2)
         tensor(0.2500, dtype=torch.float64)
     """
-    k = _check_k(k)
-    correct = _check_correct(correct)
+    k = check_k(k)
+    correct = check_correct(correct)
     num_prompts, n = correct.shape
     if k > n:
         raise ValueError(f"pass@k needs k <= n, got k={k} and n={n}")
@@ -153,7 +153,7 @@ def avg_at_k(correct: Tensor) -> Tensor:
         >>> avg_at_k(torch.tensor([[True, False, False, False], [True, True, False, True]]))
         tensor(0.5000, dtype=torch.float64)
     """
-    correct = _check_correct(correct)
+    correct = check_correct(correct)
     num_prompts, n = correct.shape
     if num_prompts == 0 or n == 0:
         raise ValueError(f"`correct` must have at least one prompt and one sample, got shape {tuple(correct.shape)}")

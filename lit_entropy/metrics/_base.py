@@ -6,13 +6,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_entropy.internals.torchmetrics import Float64StateMetric as _Float64StateMetric
-from lit_entropy.internals.torchmetrics import StepValueMetric as _StepValueMetric
+from lit_entropy.internals.torchmetrics import Float64StateMetric, StepValueMetric
 
-__all__ = ["_Float64StateMetric", "_StepValueMetric", "_token_mask"]
+__all__ = ["Float64StateMetric", "StepValueMetric", "token_mask"]
 
 
-def _token_mask(mask: Tensor | None, values: Tensor, name: str) -> Tensor:
+def token_mask(mask: Tensor | None, values: Tensor, name: str) -> Tensor:
     """The bool ``[B, T]`` mask of ``values`` (all True when None); ValueError on a wrong dtype or shape."""
     if mask is None:
         return torch.ones_like(values, dtype=torch.bool)

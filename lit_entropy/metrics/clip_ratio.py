@@ -7,8 +7,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.policy_loss import clipped_token_masks
-from lit_entropy.metrics._base import _Float64StateMetric, _token_mask
+from lit_entropy.functional.losses import clipped_token_masks
+from lit_entropy.metrics._base import Float64StateMetric, token_mask
 
 __all__ = ["ClipRatio"]
 
@@ -16,12 +16,12 @@ __all__ = ["ClipRatio"]
 _OUTPUTS = ("low", "high", "total")
 
 
-class ClipRatio(_Float64StateMetric):
+class ClipRatio(Float64StateMetric):
     r"""Fractions of valid tokens clipped low, clipped high, and clipped in total by the PPO ratio clip.
 
     A token is *low-clipped* when ``ratio < 1 - clip_ratio_low`` and its advantage is negative,
     and *high-clipped* when ``ratio > 1 + clip_ratio_high`` and its advantage is positive (the
-    counting of TRL, via :func:`lit_entropy.functional.policy_loss.clipped_token_masks`). The two
+    counting of TRL, via :func:`lit_entropy.functional.losses.ratio.clipped_token_masks`). The two
     sets are disjoint, so ``total = low + high``. Each fraction is over all valid tokens seen since
     the last ``reset`` (token-weighted), summed across ranks when synced.
 
@@ -133,7 +133,7 @@ class ClipRatio(_Float64StateMetric):
                 f"`advantages` must have shape {tuple(ratio.shape)} or {(ratio.shape[0],)}, "
                 f"got {tuple(advantages.shape)}"
             )
-        mask = _token_mask(mask, ratio, "ratio")
+        mask = token_mask(mask, ratio, "ratio")
         low, high = clipped_token_masks(
             ratio.detach(),
             advantages.detach(),

@@ -7,12 +7,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.metrics._base import _Float64StateMetric
+from lit_entropy.metrics._base import Float64StateMetric
 
 __all__ = ["LossClipFractions"]
 
 
-class LossClipFractions(_Float64StateMetric):
+class LossClipFractions(Float64StateMetric):
     r"""Token-weighted clip fractions of the policy loss's own ``PolicyLossStats``, accumulated over updates.
 
     Every registered policy loss says which of its loss tokens its clip binds on (``clip_frac_low``,

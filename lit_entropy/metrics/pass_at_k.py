@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.pass_at_k import _check_correct, _check_counts, _check_k, pass_at_k_per_prompt
-from lit_entropy.metrics._base import _Float64StateMetric
+from lit_entropy.functional.pass_at_k import check_correct, check_counts, check_k, pass_at_k_per_prompt
+from lit_entropy.metrics._base import Float64StateMetric
 
 __all__ = ["AvgAtK", "PassAtK"]
 
@@ -26,15 +26,15 @@ def _prompt_counts(
     if correct is not None:
         if num_correct is not None or num_samples is not None:
             raise ValueError("pass either `correct` or (`num_correct`, `num_samples`), not both")
-        correct = _check_correct(correct)
+        correct = check_correct(correct)
         c = correct.sum(dim=1)
         return c, torch.full_like(c, correct.shape[1])
     if num_correct is None or num_samples is None:
         raise ValueError("pass `correct` [P, n], or both `num_correct` [P] and `num_samples` [P]")
-    return _check_counts(num_correct, num_samples)
+    return check_counts(num_correct, num_samples)
 
 
-class _PromptMean(_Float64StateMetric):
+class _PromptMean(Float64StateMetric):
     """Mean over prompts of a per-prompt score; float64 ``total`` and int64 ``count`` summed over ranks."""
 
     is_differentiable = False
@@ -120,7 +120,7 @@ class PassAtK(_PromptMean):
 
     def __init__(self, k: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.k = _check_k(k)
+        self.k = check_k(k)
         # A state that never changes, holding k: MetricCollection's default compute groups share the
         # states of metrics whose states are equal after the first update (torchmetrics #2596, #2916),
         # which would fuse PassAtK(1) and PassAtK(8) whenever the first batch is all wrong.

@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.masked import masked_sum
-from lit_entropy.metrics._base import _Float64StateMetric, _token_mask
+from lit_entropy.metrics._base import Float64StateMetric, token_mask
 
 __all__ = ["TokenEntropy"]
 
 
-class TokenEntropy(_Float64StateMetric):
+class TokenEntropy(Float64StateMetric):
     r"""Token-weighted mean of per-token policy entropy (nats) over valid response tokens.
 
     Every valid token counts once, so long responses weigh more than short ones (the
@@ -77,7 +77,7 @@ class TokenEntropy(_Float64StateMetric):
         if not isinstance(entropy, Tensor) or not entropy.is_floating_point():
             got = entropy.dtype if isinstance(entropy, Tensor) else type(entropy).__name__
             raise ValueError(f"`entropy` must be a floating-point tensor, got {got}")
-        mask = _token_mask(mask, entropy, "entropy")
+        mask = token_mask(mask, entropy, "entropy")
         self.sum_entropy += masked_sum(entropy.detach().to(torch.float64), mask)
         self.num_tokens += mask.sum()
 

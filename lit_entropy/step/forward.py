@@ -12,9 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lit_entropy.functional.entropy import EntropyStats, entropy_stats
-from lit_entropy.functional.linear_entropy import linear_entropy_stats
-from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
+from lit_entropy.functional.entropy import EntropyStats, entropy_stats, linear_entropy_loss, linear_entropy_stats
 from lit_entropy.models.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, packs_in_bins, unpack_rows

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import default_chunk_rows
-from lit_entropy.functional.linear_entropy import block_logits
+from lit_entropy.functional.entropy.blocks import block_logits
 from lit_entropy.functional.rollout_correction import kept_log_mass
 from lit_entropy.models.hidden_states import lm_head_params, logits_head, response_hidden_states
 from lit_entropy.rollout.base import RolloutBatch
@@ -32,7 +32,7 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
     One more forward of ``model`` over the rows (no graph; packed under ``model.update.pack_sequences``, as the
     statistics pass). As in :func:`~lit_entropy.step.response_forward` the forward keeps no logits: the head runs on
     the final hidden states of the response tokens only, ``model.policy.logprob_chunk_size`` tokens at a time
-    (None: :func:`~lit_entropy.functional.entropy.default_chunk_rows`): a plain linear head (with
+    (None: :func:`~lit_entropy.functional.entropy.logits.default_chunk_rows`): a plain linear head (with
     ``model.policy.blockwise_lm_head``) into one reused buffer, any other head module (a LoRA-wrapped head) called
     on each chunk. Only when the config transforms the logits after the head (soft-capping, logit scaling: each
     architecture's forward applies them its own way) does the model's forward compute the response logits, which

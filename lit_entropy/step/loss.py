@@ -8,13 +8,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from lit_entropy.distributed.collectives import all_reduce_sum, unshard_root, world_size
-from lit_entropy.functional.kl import kl_penalty
-from lit_entropy.functional.policy_loss import (
-    PolicyLossStats,
-    aggregate_loss,
-    loss_normalizer_count,
-    value_loss,
-)
+from lit_entropy.functional.losses import PolicyLossStats, aggregate_loss, kl_penalty, loss_normalizer_count, value_loss
 from lit_entropy.functional.registry import POLICY_LOSSES
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings

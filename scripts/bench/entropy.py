@@ -92,7 +92,7 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
     if variant == "chunked":
         return lambda: _chunked(hidden @ weight.T, token_ids, backward, chunk_size)
     if variant == "blockwise":
-        from lit_entropy.functional.linear_entropy import linear_entropy_stats
+        from lit_entropy.functional.entropy import linear_entropy_stats
 
         def blockwise():
             out = linear_entropy_stats(
@@ -109,7 +109,7 @@ def _head_variant(variant: str, hidden, weight, token_ids, backward: bool, chunk
 
         return blockwise
     if variant == "blockwise_loss":
-        from lit_entropy.functional.linear_entropy_loss import linear_entropy_loss
+        from lit_entropy.functional.entropy import linear_entropy_loss
 
         def blockwise_loss():
             loss, out = linear_entropy_loss(

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from lit_entropy.functional.linear_entropy import linear_entropy_stats
+from lit_entropy.functional.entropy import linear_entropy_stats
 from lit_entropy.models.hidden_states import lm_head_params
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.step.forward import response_forward

@@ -25,9 +25,15 @@ from lit_entropy.callbacks import (
     KLCov,
     RandomNegativeMasking,
 )
-from lit_entropy.functional.clipping import cap_count, clip_b_mask, clip_v_mask
-from lit_entropy.functional.covariance import clip_cov_mask, high_entropy_mask, kl_cov_coefficients
-from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef
+from lit_entropy.functional.entropy import adaptive_entropy_coef
+from lit_entropy.functional.selection import (
+    cap_count,
+    clip_b_mask,
+    clip_cov_mask,
+    clip_v_mask,
+    high_entropy_mask,
+    kl_cov_coefficients,
+)
 
 _GEN = torch.Generator().manual_seed(0)
 _S = torch.randn(3, 5, generator=_GEN, dtype=torch.float64)

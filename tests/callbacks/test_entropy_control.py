@@ -18,7 +18,7 @@ from _distributed import free_port, init_gloo
 
 from lit_entropy.callbacks.dynamics_monitor import EntropyDynamicsMonitor
 from lit_entropy.callbacks.entropy_control import AdaptiveEntropyBonus, ClipCov, HighEntropySelection, KLCov
-from lit_entropy.functional.covariance import (
+from lit_entropy.functional.selection import (
     clip_cov_mask,
     covariance_scores,
     high_entropy_count,

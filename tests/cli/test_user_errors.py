@@ -300,7 +300,7 @@ def _poisoned_batch(seed: int):
 def test_non_finite_discriminator_tokens_are_excluded_and_kept_not_switching_clipping_off(seed):
     from _clipping_references import ref_clip_b, ref_clip_v
 
-    from lit_entropy.functional.clipping import clip_b_mask, clip_v_mask
+    from lit_entropy.functional.selection import clip_b_mask, clip_v_mask
 
     S, E, A, mask, bad = _poisoned_batch(seed)
     clean = mask & ~bad

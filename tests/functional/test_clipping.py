@@ -9,15 +9,18 @@ import pytest
 import torch
 from _clipping_references import ref_cap, ref_clip_b, ref_clip_v
 
-from lit_entropy.functional.clipping import (
+from lit_entropy.functional.masked import masked_moments
+from lit_entropy.functional.selection import (
+    TopKCut,
     cap_count,
     clip_b_mask,
     clip_v_deviation,
     clip_v_mask,
     clip_v_scores,
+    kth_largest,
+    local_top_scores,
+    tie_counts,
 )
-from lit_entropy.functional.masked import masked_moments
-from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_scores, tie_counts
 
 # ---------------------------------------------------------------- plain-Python references
 

@@ -1,4 +1,4 @@
-"""Tests of lit_entropy.functional.entropy against independent references.
+"""Tests of lit_entropy.functional.entropy.logits against independent references.
 
 References: plain-Python ``math`` loops over the vocabulary, a naive float64 ``log_softmax``
 implementation differentiated by torch.autograd, and central finite differences.

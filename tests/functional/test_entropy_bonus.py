@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_entropy.functional.entropy_bonus import adaptive_entropy_coef
+from lit_entropy.functional.entropy import adaptive_entropy_coef
 
 
 @pytest.mark.parametrize(

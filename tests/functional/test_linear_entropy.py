@@ -1,4 +1,4 @@
-"""Tests of lit_entropy.functional.linear_entropy (blockwise LM head + entropy statistics).
+"""Tests of lit_entropy.functional.entropy.linear (blockwise LM head + entropy statistics).
 
 Reference: the full-logits float64 computation (full logits ``h @ W.T + b``, ``/ T``, ``log_softmax``)
 differentiated by torch.autograd, and central finite differences (``gradcheck``).
@@ -85,7 +85,7 @@ def test_one_output_used_and_policy_average_off(pick) -> None:
 
 
 def test_rows_without_gradient_are_skipped_in_backward(monkeypatch) -> None:
-    import lit_entropy.functional.linear_entropy as le
+    import lit_entropy.functional.entropy.linear as le
 
     h, w, b, ids = _inputs(13, 29, 5, bias=True, seed=5)
     w_lp, w_h = _loss_weights(13)

@@ -1,4 +1,4 @@
-"""Tests of lit_entropy.functional.linear_entropy_loss (blockwise LM head + per-token loss, gradient in the forward).
+"""Tests of lit_entropy.functional.entropy.linear_loss (blockwise LM head + per-token loss, gradient in the forward).
 
 Reference: the full-logits float64 computation (full logits, ``log_softmax``) with the same loss differentiated by
 torch.autograd, and central finite differences (``gradcheck``).

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lit_entropy.functional.advantages import gae_advantages, grpo_advantages, whiten
-from lit_entropy.functional.kl import kl_penalty
-from lit_entropy.functional.policy_loss import (
+from lit_entropy.functional.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
+    kl_penalty,
     loss_normalizer_count,
     policy_loss,
     value_loss,

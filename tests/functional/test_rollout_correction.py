@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lit_entropy.functional.policy_loss import aggregate_loss
+from lit_entropy.functional.losses import aggregate_loss
 from lit_entropy.functional.registry import POLICY_LOSSES, policy_loss_takes_token_weights
 from lit_entropy.functional.rollout_correction import (
     ROLLOUT_CORRECTION_LEVELS,

@@ -110,7 +110,7 @@ def test_clip_v_caps_of_the_amendment_at_this_batch():
     """1e-4 rounds up to 1 token per batch here (not 0); the rescaled cap allows ~82 (clip_v_sod.yaml's rule)."""
     import yaml
 
-    from lit_entropy.functional.clipping import cap_count
+    from lit_entropy.functional.selection import cap_count
 
     sod = _load("forking_sod")
     fracs = {}

@@ -8,7 +8,7 @@ import torch
 from _micro_batch_data import mixed_rollout, random_experience
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.functional.policy_loss import LOSS_AGG_MODES
+from lit_entropy.functional.losses import LOSS_AGG_MODES
 from lit_entropy.models.tiny import build_qwen2
 from lit_entropy.settings import LossConfig, PolicyConfig, PPOConfig, RFTSettings, UpdateConfig
 from lit_entropy.step import (

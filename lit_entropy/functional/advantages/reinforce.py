@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.advantages import _check_token_shapes, _float, whiten
+from lit_entropy.functional.advantages.inputs import as_floating, check_token_shapes, on_valid_tokens
+from lit_entropy.functional.advantages.whitening import whiten
 from lit_entropy.functional.checks import check_number
 from lit_entropy.functional.masked import as_bool_mask
 from lit_entropy.functional.registry import register_advantage_estimator
@@ -31,7 +32,7 @@ __all__ = [
 
 def _group_rewards(token_rewards: Tensor, mask: Tensor, group_size: Any, name: str) -> Tensor:
     """Each row's reward (its sum) as ``[num_prompts, group_size]``; refuses groups that cannot hold a baseline."""
-    _check_token_shapes(token_rewards, mask)
+    check_token_shapes(token_rewards, mask)
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
         raise ValueError(
             f"the {name!r} advantage estimator needs at least 2 samples per prompt (its baseline is built "
@@ -39,12 +40,7 @@ def _group_rewards(token_rewards: Tensor, mask: Tensor, group_size: Any, name: s
         )
     if token_rewards.shape[0] % group_size:
         raise ValueError(f"{token_rewards.shape[0]} rows are not whole groups of group_size {group_size}")
-    return _float(token_rewards).sum(dim=-1).view(-1, group_size)
-
-
-def _on_valid_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
-    """``[N]`` per-sequence values on each valid token of ``[N, T]``, 0 elsewhere."""
-    return torch.where(mask, per_sequence.unsqueeze(-1), per_sequence.new_zeros(()))
+    return as_floating(token_rewards).sum(dim=-1).view(-1, group_size)
 
 
 @register_advantage_estimator("rloo", min_group_size=2)
@@ -71,7 +67,7 @@ def rloo_estimator(
     # All-equal groups give exactly 0, not the rounding of sum - r.
     constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
     advantages = torch.where(constant, torch.zeros_like(advantages), advantages)
-    return _on_valid_tokens(advantages.reshape(-1), as_bool_mask(mask)), None
+    return on_valid_tokens(advantages.reshape(-1), as_bool_mask(mask)), None
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -86,7 +82,7 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Ten
     """
     check_number("gamma", gamma, low=0.0, high=1.0)
     mask = as_bool_mask(mask)
-    r = _float(rewards)
+    r = as_floating(rewards)
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
     out = torch.zeros_like(r)
     running = torch.zeros_like(r[:, 0])
@@ -127,10 +123,10 @@ def reinforce_plus_plus_estimator(
         kl: optional ``[N, T]`` per-token KL estimate (detached).
         kl_coef: ``>= 0``, the KL's weight in the reward.
     """
-    _check_token_shapes(token_rewards, mask)
+    check_token_shapes(token_rewards, mask)
     check_number("kl_coef", kl_coef, low=0.0)
     mask = as_bool_mask(mask)
-    rewards = torch.where(mask, _float(token_rewards), torch.zeros((), device=mask.device))
+    rewards = torch.where(mask, as_floating(token_rewards), torch.zeros((), device=mask.device))
     if kl is not None:
         if kl.shape != mask.shape:
             raise ValueError(f"kl {tuple(kl.shape)} must have the rewards' shape {tuple(mask.shape)}")
@@ -160,4 +156,4 @@ def reinforce_plus_plus_baseline_estimator(
     constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
     centred = torch.where(constant, torch.zeros_like(centred), centred)
     mask = as_bool_mask(mask)
-    return whiten(_on_valid_tokens(centred.reshape(-1), mask), mask), None
+    return whiten(on_valid_tokens(centred.reshape(-1), mask), mask), None

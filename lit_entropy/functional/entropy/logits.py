@@ -8,7 +8,7 @@ Memory: an LLM's logits are the largest tensor of an RL step (``[2048, 151936]``
 1.2 GB), so a naive ``log_softmax`` + ``exp`` pipeline multiplies peak memory several times.
 The functions here walk the rows in chunks, reuse two preallocated float32 chunk buffers and
 keep only a few per-row scalars; the backward pass recomputes the softmax chunk by chunk and
-writes into the preallocated gradient. Shifted logits are floored (``_X_FLOOR``) so that no
+writes into the preallocated gradient. Shifted logits are floored (``X_FLOOR``) so that no
 denormal floats appear (they slow CPU arithmetic ~80x) and masked ``-inf`` logits give no NaN.
 """
 
@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lit_entropy.functional.entropy.numerics import X_FLOOR, check_temperature, check_token_ids
 from lit_entropy.functional.masked import compute_dtype
 
 __all__ = [
@@ -37,12 +38,6 @@ __all__ = [
 #: ~2x faster than 6 rows); accelerators want large chunks to amortise kernel launches.
 DEFAULT_CHUNK_BYTES: dict[str, int] = {"cpu": 1 << 20, "default": 32 << 20}
 
-# Floor for the shifted logits x = (z - max z) / T <= 0, per compute dtype. exp(x)^2 must stay a
-# *normal* float: denormal results make exp/mul ~80x slower on x86 (measured), which happens for
-# ordinary LLM logits (x < -44 in float32). Entries below the floor have p < 4e-18 (float32), so the
-# clamp changes H by < V * 2e-16 (3e-11 at V = 151936). It also maps masked (-inf) logits to a
-# finite value, keeping 0 * (-inf) = NaN out of sum p log p.
-_X_FLOOR = {torch.float32: -40.0, torch.float64: -300.0}
 # Log-probs below this have exp() == 0 even in float64; used to avoid 0 * (-inf) in S.
 _LOG_FLOOR = -1.0e4
 
@@ -98,34 +93,12 @@ def _check_logits(logits: Tensor) -> None:
         raise ValueError(f"logits must have a non-empty last (vocabulary) dim, got shape={tuple(logits.shape)}")
 
 
-def _check_temperature(temperature: float) -> float:
-    t = float(temperature)
-    if not (math.isfinite(t) and t > 0.0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    return t
-
-
 def _resolve_chunk_size(chunk_size: int | None, logits: Tensor) -> int:
     if chunk_size is None:
         return default_chunk_rows(logits.shape[-1], device=logits.device)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int (rows per chunk) or None, got {chunk_size!r}")
     return chunk_size
-
-
-def check_token_ids(token_ids: Tensor, shape: tuple[int, ...], vocab: int, source: str = "logits") -> None:
-    """Integer ids of ``shape`` in ``[0, vocab)``; ``source`` names the tensor ``shape`` comes from (messages)."""
-    if not isinstance(token_ids, Tensor):
-        raise ValueError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
-    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got dtype={token_ids.dtype}")
-    if tuple(token_ids.shape) != tuple(shape):
-        got = tuple(token_ids.shape)
-        raise ValueError(f"token_ids shape must equal {source}.shape[:-1]={tuple(shape)}, got token_ids.shape={got}")
-    if token_ids.numel() > 0:
-        lo, hi = int(token_ids.min()), int(token_ids.max())
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"token_ids must lie in [0, {vocab}), got values in [{lo}, {hi}]")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,7 +166,7 @@ def _forward_kernel(
     n = token_ids.numel()
     cdt = compute_dtype(logits)
     dev = logits.device
-    floor = _X_FLOOR[cdt]
+    floor = X_FLOOR[cdt]
     logp_out = torch.empty(n, dtype=cdt, device=dev)
     h_out = torch.empty(n, dtype=cdt, device=dev)
     avg_out = torch.empty(n, dtype=cdt, device=dev) if want_average else None
@@ -248,7 +221,7 @@ def _backward_kernel(
     vocab = logits.shape[-1]
     n = token_ids.numel()
     cdt = compute_dtype(logits)
-    floor = _X_FLOOR[cdt]
+    floor = X_FLOOR[cdt]
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     if n == 0:
         return grad
@@ -345,7 +318,7 @@ def entropy_stats(
     """
     _check_logits(logits)
     check_token_ids(token_ids, logits.shape[:-1], logits.shape[-1])
-    inv_t = 1.0 / _check_temperature(temperature)
+    inv_t = 1.0 / check_temperature(temperature)
     chunk = _resolve_chunk_size(chunk_size, logits)
     shape = logits.shape[:-1]
     ids = token_ids.reshape(-1).to(torch.long)

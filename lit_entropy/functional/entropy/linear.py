@@ -31,16 +31,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.entropy import (
-    _X_FLOOR,
-    EntropyStats,
-    _check_temperature,
-    check_token_ids,
-    entropy_discriminator,
+from lit_entropy.functional.entropy.blocks import (
+    block_logits,
+    block_statistics,
+    check_head_inputs,
+    finish_statistics,
+    merge_block,
+    resolve_block,
+    row_coefficients,
+    scaled_block_logits,
 )
+from lit_entropy.functional.entropy.logits import EntropyStats
+from lit_entropy.functional.entropy.numerics import X_FLOOR, check_temperature
 from lit_entropy.functional.masked import compute_dtype
 
-__all__ = ["DEFAULT_BLOCK", "block_logits", "linear_entropy_stats"]
+__all__ = ["DEFAULT_BLOCK", "linear_entropy_stats"]
 
 #: Default ``(rows, vocab_cols)`` of one logits block per device type. CPU: a float32 block of 1 MiB
 #: keeps the elementwise passes cache-resident while the block matmul ``[rows, H] @ [H, vocab_cols]``
@@ -48,66 +53,6 @@ __all__ = ["DEFAULT_BLOCK", "block_logits", "linear_entropy_stats"]
 #: other, 64x4096 30% slower). Accelerators want large blocks to amortise kernel launches; 1024x4096
 #: float32 is 16 MiB per buffer (three buffers: 0.04x of the logits at N = 2048, V = 151936).
 DEFAULT_BLOCK: dict[str, tuple[int, int]] = {"cpu": (256, 1024), "default": (1024, 4096)}
-
-
-def _check_inputs(hidden: Tensor, weight: Tensor, token_ids: Tensor, bias: Tensor | None) -> None:
-    for name, t in (("hidden", hidden), ("weight", weight), ("token_ids", token_ids)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not hidden.is_floating_point() or hidden.dim() < 1:
-        raise ValueError(
-            f"hidden must be a floating-point tensor [..., H], got dtype={hidden.dtype} shape={tuple(hidden.shape)}"
-        )
-    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(
-            f"weight must be [V, H] with H = hidden.shape[-1] = {hidden.shape[-1]} and V > 0, "
-            f"got weight.shape={tuple(weight.shape)}"
-        )
-    if weight.dtype != hidden.dtype:
-        raise ValueError(f"weight.dtype must equal hidden.dtype={hidden.dtype}, got weight.dtype={weight.dtype}")
-    if bias is not None:
-        if not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[0],) or bias.dtype != weight.dtype:
-            got = f"{tuple(bias.shape)} {bias.dtype}" if isinstance(bias, Tensor) else type(bias).__name__
-            raise ValueError(f"bias must be a [{weight.shape[0]}] tensor of dtype {weight.dtype}, got {got}")
-    devices = {t.device for t in (hidden, weight, token_ids) + (() if bias is None else (bias,))}
-    if len(devices) > 1:
-        raise ValueError(f"hidden, weight, bias and token_ids must be on one device, got {sorted(map(str, devices))}")
-    check_token_ids(token_ids, hidden.shape[:-1], weight.shape[0], source="hidden")
-
-
-def _resolve_block(name: str, value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    return value
-
-
-def block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, out: Tensor) -> Tensor:
-    """``out = hb @ wc.T (+ bc)`` (``[r, H]``, ``[c, H]``, ``[c]`` -> ``[r, c]``) in the input dtype, written into a
-    reused buffer: the same ``mm`` / ``addmm`` as an ``nn.Linear`` head, so the same logits."""
-    if bc is None:
-        return torch.mm(hb, wc.T, out=out)
-    return torch.addmm(bc, hb, wc.T, out=out)
-
-
-def _scaled_block_logits(hb: Tensor, wc: Tensor, bc: Tensor | None, inv_t: float, x: Tensor, mm: Tensor | None) -> None:
-    """``x = (hb @ wc.T + bc) / T`` in the compute dtype; the matmul runs in the input dtype (into ``mm`` when that
-    is narrower than ``x``, as the model's own head rounds its logits)."""
-    if mm is None:
-        block_logits(hb, wc, bc, out=x)
-        if inv_t != 1.0:
-            x.mul_(inv_t)
-    else:
-        torch.mul(block_logits(hb, wc, bc, out=mm), inv_t, out=x)
-
-
-def _row_dot(a: Tensor, b: Tensor, tmp: Tensor, out: Tensor) -> Tensor:
-    """``(a * b).sum(-1)`` of ``[r, c]`` blocks into ``out`` ``[r]``, using the reused buffer ``tmp``.
-
-    ``torch.linalg.vecdot`` allocates an ``[r, c]`` temporary per call and is ~2x slower on CPU (measured).
-    """
-    return torch.sum(torch.mul(a, b, out=tmp), dim=1, out=out)
 
 
 class _Buffers:
@@ -141,7 +86,7 @@ def _forward_kernel(
     vocab = weight.shape[0]
     cdt = compute_dtype(h)
     dev = h.device
-    floor = _X_FLOOR[cdt]
+    floor = X_FLOOR[cdt]
     # Running per-row state relative to the running max m (in units of z / T).
     state = torch.empty(5 if want_average else 3, n, dtype=cdt, device=dev)
     if n == 0:
@@ -157,79 +102,15 @@ def _forward_kernel(
             r1 = min(r0 + rows, n)
             r, c = r1 - r0, v1 - v0
             x, e = buf.x[:r, :c], buf.e[:r, :c]
-            _scaled_block_logits(h[r0:r1], wc, bc, inv_t, x, None if buf.mm is None else buf.mm[:r, :c])
+            scaled_block_logits(h[r0:r1], wc, bc, inv_t, x, None if buf.mm is None else buf.mm[:r, :c])
             vec = buf.vec[:, :r]
-            _block_statistics(x, e, buf.t[:r, :c], vec, floor, want_average)
+            block_statistics(x, e, buf.t[:r, :c], vec, floor, want_average)
             sl = slice(r0, r1)
             if v0 == 0:
                 state[:, sl] = vec[: state.shape[0]]
             else:
-                _merge_block(state[:, sl], vec, want_average)
-    return _finish_statistics(h, weight, bias, ids, inv_t, state, want_average)
-
-
-def _block_statistics(x: Tensor, e: Tensor, t: Tensor, vec: Tensor, floor: float, want_average: bool) -> None:
-    """Per-row statistics of one logits block ``x`` (scaled by 1/T), relative to the block's row max.
-
-    Writes ``vec[0:5] = (max, Z = sum e, A = sum e y, B = sum e^2, C = sum e^2 y)`` with ``y = x - max`` and
-    ``e = exp(y)`` (B and C only with ``want_average``); ``x``, ``e`` and ``t`` are overwritten.
-    """
-    mc, zc, ac, bcs, ccs = vec[:5].unbind(0)
-    torch.amax(x, dim=1, out=mc)
-    x.sub_(mc.unsqueeze(1)).clamp_(min=floor)  # y = x - max <= 0, floored against denormals
-    torch.exp(x, out=e)
-    torch.sum(e, dim=1, out=zc)
-    _row_dot(e, x, t, out=ac)  # t = e y
-    if want_average:
-        torch.sum(t.mul_(e), dim=1, out=ccs)  # e^2 y
-        _row_dot(e, e, t, out=bcs)
-
-
-def _merge_block(state: Tensor, vec: Tensor, want_average: bool) -> None:
-    """Merge a block's statistics ``vec`` (relative to its max) into the running ``state`` (relative to m).
-
-    Shifting the reference from m to m' = max(m, mc) multiplies e by exp(-d) and adds -d to y, d = m' - m:
-    A' = s_old (A + d_old Z) + s_new (A_c + d_new Z_c); the same with s^2 for C from B.
-    """
-    mc, zc, ac, bcs, ccs, d_old, s_old, s_new = vec.unbind(0)
-    mo, zo, ao = state[0], state[1], state[2]
-    torch.sub(mo, mc, out=d_old).clamp_(max=0.0)  # m - m' <= 0
-    torch.sub(mc, mo, out=mc).clamp_(max=0.0)  # mc - m' <= 0 (mc now holds the block's shift)
-    torch.exp(d_old, out=s_old)
-    torch.exp(mc, out=s_new)
-    mo.sub_(d_old)  # m' = m - (m - m')
-    if want_average:
-        bo, co = state[3], state[4]
-        co.addcmul_(d_old, bo).mul_(s_old).mul_(s_old)
-        ccs.addcmul_(mc, bcs).mul_(s_new).mul_(s_new)
-        co.add_(ccs)
-        bo.mul_(s_old).mul_(s_old).addcmul_(bcs, s_new * s_new)
-    ao.addcmul_(d_old, zo).mul_(s_old)
-    ac.addcmul_(mc, zc).mul_(s_new)
-    ao.add_(ac)
-    zo.mul_(s_old).addcmul_(zc, s_new)
-
-
-def _finish_statistics(
-    h: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, inv_t: float, state: Tensor, want_average: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
-    """``(log p_k, H, S, E_p[S] | None, shift)`` from the merged per-row state ``(m, Z, A[, B, C])``."""
-    m, z_sum, a_sum = state[0], state[1], state[2]
-    log_z = torch.log(z_sum)
-    entropy = log_z - a_sum / z_sum  # both terms >= 0: no cancellation
-    shift = m + log_z
-    # The sampled token's logit by a direct dot product, rounded to the matmul dtype like the blocks.
-    cdt = state.dtype
-    z_tok = torch.linalg.vecdot(h.to(cdt), weight[ids].to(cdt))
-    if bias is not None:
-        z_tok += bias[ids].to(cdt)
-    logp = z_tok.to(h.dtype).to(cdt).mul_(inv_t).sub_(shift)
-    avg = None
-    if want_average:
-        b_sum, c_sum = state[3], state[4]
-        z2 = z_sum * z_sum
-        avg = c_sum / z2 - (b_sum / z2) * (a_sum / z_sum)
-    return logp, entropy, entropy_discriminator(logp, entropy), avg, shift
+                merge_block(state[:, sl], vec, want_average)
+    return finish_statistics(h, weight, bias, ids, inv_t, state, want_average)
 
 
 def _backward_kernel(
@@ -251,7 +132,7 @@ def _backward_kernel(
     vocab, cdt, dev = weight.shape[0], compute_dtype(h), h.device
     need_h, need_w, need_b = needs
     need_b = need_b and bias is not None
-    a, b, c = _row_coefficients(entropy, grad_logp, grad_h, inv_t, cdt)
+    a, b, c = row_coefficients(entropy, grad_logp, grad_h, inv_t, cdt)
     gh = torch.zeros(n, hidden_size, dtype=cdt, device=dev) if need_h else None
     gw = torch.empty_like(weight) if need_w else None
     gb = torch.empty_like(bias) if need_b else None
@@ -285,23 +166,6 @@ def _backward_kernel(
     return gh, gw, gb
 
 
-def _row_coefficients(
-    entropy: Tensor, grad_logp: Tensor | None, grad_h: Tensor | None, inv_t: float, cdt: torch.dtype
-) -> tuple[Tensor | None, Tensor, Tensor | None]:
-    """Per-row ``(a, b, c)`` of ``dL/dz = p (a log p + b) + c e_k``.
-
-    ``a = -g_H / T``, ``c = g_lp / T``, ``b = a H - c`` (``a`` / ``c`` None when that output has no gradient).
-    """
-    a = b = c = None
-    if grad_h is not None:
-        a = grad_h.reshape(-1).to(cdt) * -inv_t
-        b = a * entropy
-    if grad_logp is not None:
-        c = grad_logp.reshape(-1).to(cdt) * inv_t
-        b = -c if b is None else b - c
-    return a, b, c
-
-
 def _block_dlogits(
     hb: Tensor,
     wc: Tensor,
@@ -320,7 +184,7 @@ def _block_dlogits(
     low = buf.mm is not None
     logits = block_logits(hb, wc, bc, out=buf.mm[:r, :cw] if low else x)
     torch.add(neg_shift, logits, alpha=inv_t, out=x)  # x = log p
-    x.clamp_(min=_X_FLOOR[x.dtype])  # same floor as the forward: p < 4e-18 there, no denormals
+    x.clamp_(min=X_FLOOR[x.dtype])  # same floor as the forward: p < 4e-18 there, no denormals
     torch.exp(x, out=e)  # e = p
     if a is not None:
         # Three in-place passes beat one broadcasting addcmul by ~25% on CPU (measured).
@@ -473,16 +337,16 @@ def linear_entropy_stats(
         vocab_chunk_size: vocabulary entries per logits block (``None``: ``DEFAULT_BLOCK``).
 
     Returns:
-        :class:`~lit_entropy.functional.entropy.EntropyStats`, each field ``[...]`` in float32 (float64
+        :class:`~lit_entropy.functional.entropy.logits.EntropyStats`, each field ``[...]`` in float32 (float64
         for float64 inputs). ``logprobs`` and ``entropy`` carry gradients to ``hidden``, ``weight`` and
         ``bias``; ``discriminator`` and ``policy_average`` are detached.
     """
-    _check_inputs(hidden, weight, token_ids, bias)
-    inv_t = 1.0 / _check_temperature(temperature)
+    check_head_inputs(hidden, weight, token_ids, bias)
+    inv_t = 1.0 / check_temperature(temperature)
     kind = hidden.device.type
     d_rows, d_cols = DEFAULT_BLOCK.get(kind, DEFAULT_BLOCK["default"])
-    rows = _resolve_block("chunk_size", chunk_size, d_rows)
-    cols = _resolve_block("vocab_chunk_size", vocab_chunk_size, d_cols)
+    rows = resolve_block("chunk_size", chunk_size, d_rows)
+    cols = resolve_block("vocab_chunk_size", vocab_chunk_size, d_cols)
     shape = hidden.shape[:-1]
     h2 = hidden.reshape(-1, hidden.shape[-1])
     ids = token_ids.reshape(-1).to(torch.long)

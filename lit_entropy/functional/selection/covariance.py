@@ -18,7 +18,7 @@ rank; without them the local tensors are the whole batch. All per-token tensors 
 a bool ``mask`` (True = valid response token); flattening order is row-major.
 
 Ties: KL-Cov and high-entropy selection are top-``k`` rules and select exactly ``k`` tokens, ties
-broken by global token index (:mod:`lit_entropy.functional.selection`); an all-zero-advantage batch
+broken by global token index (:mod:`lit_entropy.functional.selection.top_k`); an all-zero-advantage batch
 (every ``cov`` = 0) therefore still penalises only ``k`` tokens. Clip-Cov needs no tie rule: it
 draws exactly ``min(k, #candidates)`` candidates uniformly, whatever their scores.
 """
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.checks import check_fraction, check_number
-from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
+from lit_entropy.functional.selection.top_k import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
     "check_clip_cov_args",
@@ -220,7 +220,7 @@ def kl_cov_coefficients(
 ) -> Tensor:
     """KL-Cov penalty coefficients: ``coef`` on the ``max(int(ratio * N), 1)`` largest-``cov`` tokens, else 0.
 
-    **Ties** are broken by global token index (:mod:`lit_entropy.functional.selection`): exactly
+    **Ties** are broken by global token index (:mod:`lit_entropy.functional.selection.top_k`): exactly
     ``k`` tokens get the penalty, identically under any sharding.
 
     Args:

@@ -36,16 +36,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.entropy import _X_FLOOR, EntropyStats, _check_temperature
-from lit_entropy.functional.linear_entropy import (
-    _block_statistics,
-    _check_inputs,
-    _finish_statistics,
-    _merge_block,
-    _resolve_block,
-    _row_coefficients,
-    _scaled_block_logits,
+from lit_entropy.functional.entropy.blocks import (
+    block_statistics,
+    check_head_inputs,
+    finish_statistics,
+    merge_block,
+    resolve_block,
+    row_coefficients,
+    scaled_block_logits,
 )
+from lit_entropy.functional.entropy.logits import EntropyStats
+from lit_entropy.functional.entropy.numerics import X_FLOOR, check_temperature
 from lit_entropy.functional.masked import compute_dtype
 
 __all__ = ["LOSS_BLOCK", "linear_entropy_loss"]
@@ -105,19 +106,19 @@ def _chunk_statistics(hb, weight, bias, ids, inv_t, ws: _Workspace, want_average
     ``(log p_k, H, S, E_p[S] | None, shift)`` of the chunk. Each stored block holds ``y = z / T - max_block``."""
     r, vocab, cols = hb.shape[0], weight.shape[0], ws.cols
     state, vec = ws.state[:, :r], ws.vec[:, :r]
-    floor = _X_FLOOR[ws.logits.dtype]
+    floor = X_FLOOR[ws.logits.dtype]
     for k, v0 in enumerate(range(0, vocab, cols)):
         v1 = min(v0 + cols, vocab)
         x, c = ws.block(r, v0, v1), v1 - v0
         wc, bc = weight[v0:v1], None if bias is None else bias[v0:v1]
-        _scaled_block_logits(hb, wc, bc, inv_t, x, None if ws.mm is None else ws.mm[:r, :c])
-        _block_statistics(x, ws.e[:r, :c], ws.t[:r, :c], vec, floor, want_average)
+        scaled_block_logits(hb, wc, bc, inv_t, x, None if ws.mm is None else ws.mm[:r, :c])
+        block_statistics(x, ws.e[:r, :c], ws.t[:r, :c], vec, floor, want_average)
         ws.block_max[k, :r] = vec[0]
         if k == 0:
             state.copy_(vec[: state.shape[0]])
         else:
-            _merge_block(state, vec, want_average)
-    return _finish_statistics(hb, weight, bias, ids, inv_t, state, want_average)
+            merge_block(state, vec, want_average)
+    return finish_statistics(hb, weight, bias, ids, inv_t, state, want_average)
 
 
 def _token_grads(loss_fn: LossFn, out: _Outputs, shape: torch.Size) -> tuple[Tensor | None, Tensor | None]:
@@ -144,7 +145,7 @@ def _chunk_gradients(hb, weight, ids, rows: slice, shift, coefficients, ws: _Wor
     """Pass 2 over a row chunk: turn each stored block into ``dL/dz`` and multiply it into the gradients."""
     a, b, c = coefficients
     r, vocab, cols = hb.shape[0], weight.shape[0], ws.cols
-    floor = _X_FLOOR[ws.logits.dtype]
+    floor = X_FLOOR[ws.logits.dtype]
     delta = ws.block_max[:, :r] - shift  # log p = y + (max_block - shift)
     a_col = None if a is None else a.unsqueeze(1)
     b_col = b.unsqueeze(1)
@@ -202,7 +203,7 @@ def _loss_kernel(h, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn,
         if g_lp is None and g_h is None:
             continue
         g_lp, g_h = (None if g is None else g[sl] for g in (g_lp, g_h))
-        coefficients = _row_coefficients(entropy, g_lp, g_h, inv_t, out.logp.dtype)
+        coefficients = row_coefficients(entropy, g_lp, g_h, inv_t, out.logp.dtype)
         _chunk_gradients(hb, weight, ids[sl], sl, shift, coefficients, ws, out)
     return out
 
@@ -273,16 +274,16 @@ def linear_entropy_loss(
     Returns:
         ``(loss, stats)``: the scalar loss, differentiable w.r.t. ``hidden``, ``weight`` and ``bias`` (the
         gradient was computed here; backward only scales it), and the detached
-        :class:`~lit_entropy.functional.entropy.EntropyStats` (``[...]`` each).
+        :class:`~lit_entropy.functional.entropy.logits.EntropyStats` (``[...]`` each).
     """
-    _check_inputs(hidden, weight, token_ids, bias)
+    check_head_inputs(hidden, weight, token_ids, bias)
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-    inv_t = 1.0 / _check_temperature(temperature)
+    inv_t = 1.0 / check_temperature(temperature)
     kind = hidden.device.type
     d_rows, d_cols = LOSS_BLOCK.get(kind, LOSS_BLOCK["default"])
-    rows = _resolve_block("chunk_size", chunk_size, d_rows)
-    cols = _resolve_block("vocab_chunk_size", vocab_chunk_size, d_cols)
+    rows = resolve_block("chunk_size", chunk_size, d_rows)
+    cols = resolve_block("vocab_chunk_size", vocab_chunk_size, d_cols)
     shape = hidden.shape[:-1]
     h2 = hidden.reshape(-1, hidden.shape[-1])
     ids = token_ids.reshape(-1).to(torch.long)

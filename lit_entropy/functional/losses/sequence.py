@@ -1,7 +1,7 @@
 """Policy losses with sequence-level importance ratios: GSPO, GSPO-token and GMPO.
 
 Registered in :data:`~lit_entropy.functional.registry.POLICY_LOSSES` with the common signature and
-returning :class:`~lit_entropy.functional.policy_loss.PolicyLossStats`.
+returning :class:`~lit_entropy.functional.losses.ratio.PolicyLossStats`.
 
 Which tokens do what (``N`` sequences, ``T`` tokens; ``response_mask`` are the valid response tokens, the
 registry's extra, ``mask`` when absent; ``mask`` is the loss mask, the response narrowed by callbacks):
@@ -40,15 +40,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.masked import as_bool_mask, compute_dtype, masked_mean
-from lit_entropy.functional.policy_loss import (
+from lit_entropy.functional.losses.aggregation import aggregate_loss, aggregation_options
+from lit_entropy.functional.losses.ratio import (
     LOG_RATIO_CLAMP,
     PolicyLossStats,
-    _token_advantages,
-    aggregate_loss,
-    check_policy_loss_args,
+    check_clip_ratios,
+    clip_indicator_stats,
     clipped_token_masks,
+    prepare_ratio_inputs,
 )
+from lit_entropy.functional.masked import as_bool_mask, masked_mean
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = [
@@ -98,60 +99,6 @@ def masked_sequence_log_ratio(log_ratio: Tensor, response_mask: Tensor, mask: Te
     return value + torch.where(inside, kept - kept.detach(), torch.zeros_like(kept))
 
 
-def _prepare(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, response_mask: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Shared inputs: ``(mask, response, logprobs, log_ratio, token_advantages)``, zero outside ``response``.
-
-    ``logprobs`` is cast to the compute dtype and stays differentiable; ``old_logprobs`` and
-    ``advantages`` (``[N]`` or ``[N, T]``) are detached; the advantages are expanded to ``[N, T]``.
-    """
-    advantages = _token_advantages(logprobs, old_logprobs, advantages, mask)
-    mask = as_bool_mask(mask)
-    if response_mask is None:
-        response = mask
-    else:
-        if response_mask.shape != mask.shape:
-            raise ValueError(f"response_mask {tuple(response_mask.shape)} must have mask's shape {tuple(mask.shape)}")
-        response = as_bool_mask(response_mask) | mask
-    dtype = compute_dtype(logprobs, old_logprobs, advantages)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    lp = torch.where(response, logprobs.to(dtype), zero)
-    log_ratio = torch.where(response, lp - old_logprobs.detach().to(dtype), zero)
-    adv = torch.where(response, advantages.detach().to(dtype).expand(mask.shape), zero)
-    return mask, response, lp, log_ratio, adv
-
-
-@torch.no_grad()
-def _stats(low: Tensor, high: Tensor, ratio: Tensor, token_log_ratio: Tensor, mask: Tensor) -> PolicyLossStats:
-    """Token-weighted fractions over ``mask`` of the ``[N, T]`` clip indicators, mean ``ratio`` and ``k3`` KL."""
-    dtype = ratio.dtype
-    log_r = token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return PolicyLossStats(
-        clip_frac_low=masked_mean(low.to(dtype), mask),
-        clip_frac_high=masked_mean(high.to(dtype), mask),
-        clip_frac=masked_mean((low | high).to(dtype), mask),
-        dual_clip_frac=torch.zeros((), dtype=dtype, device=ratio.device),
-        approx_kl=masked_mean(torch.exp(log_r) - 1.0 - log_r, mask),
-        ratio_mean=masked_mean(ratio.detach().expand(mask.shape), mask),
-    )
-
-
-def _agg(normalizer: float | Tensor | None, loss_scale_factor: float | None, token_weights: Tensor | None) -> dict:
-    """:func:`aggregate_loss`'s keyword options (``token_weights``: rollout correction of each token's loss term)."""
-    return {"normalizer": normalizer, "loss_scale_factor": loss_scale_factor, "token_weights": token_weights}
-
-
-def _check(clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str, loss_scale_factor: float | None) -> None:
-    check_policy_loss_args(
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=None,
-        loss_agg_mode=loss_agg_mode,
-        loss_scale_factor=loss_scale_factor,
-    )
-
-
 @register_policy_loss("gspo", first_order_entropy=True, sequence_advantages=True, loss_agg_mode=_PAPERS_AGGREGATION)
 def gspo_policy_loss(
     logprobs: Tensor,
@@ -193,19 +140,20 @@ def gspo_policy_loss(
     Returns:
         ``(loss, stats)``; clip fractions count the loss tokens of sequences whose clip binds.
     """
-    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
-    mask, response, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    check_clip_ratios(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, _, log_ratio, adv = prepare_ratio_inputs(logprobs, old_logprobs, advantages, mask, response_mask)
     seq_adv = masked_mean(adv, response, dim=-1)
     seq_ratio = torch.exp(masked_sequence_log_ratio(log_ratio, response, mask))
     clipped = seq_ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_seq = torch.maximum(-seq_adv * seq_ratio, -seq_adv * clipped)
     per_token = per_seq.unsqueeze(-1).expand(mask.shape)
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
+    agg = aggregation_options(normalizer, loss_scale_factor, token_weights)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg)
     low, high = clipped_token_masks(
         seq_ratio.detach(), seq_adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
     )
     broadcast = (low.unsqueeze(-1).expand(mask.shape), high.unsqueeze(-1).expand(mask.shape))
-    return loss, _stats(*broadcast, seq_ratio.unsqueeze(-1), log_ratio, mask)
+    return loss, clip_indicator_stats(*broadcast, seq_ratio.unsqueeze(-1), log_ratio, mask)
 
 
 @register_policy_loss("gspo_token", first_order_entropy=True, loss_agg_mode=_PAPERS_AGGREGATION)
@@ -235,14 +183,15 @@ def gspo_token_policy_loss(
     Returns:
         ``(loss, stats)``; clip fractions over the loss tokens (``s_i`` out of range with the sign of ``A_it``).
     """
-    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
-    mask, response, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    check_clip_ratios(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, lp, log_ratio, adv = prepare_ratio_inputs(logprobs, old_logprobs, advantages, mask, response_mask)
     log_s = sequence_log_ratio(log_ratio, response).detach().unsqueeze(-1)
     ratio = torch.exp(lp - lp.detach() + log_s)
     per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high))
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
+    agg = aggregation_options(normalizer, loss_scale_factor, token_weights)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg)
     low, high = clipped_token_masks(ratio.detach(), adv, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-    return loss, _stats(low, high, ratio, log_ratio, mask)
+    return loss, clip_indicator_stats(low, high, ratio, log_ratio, mask)
 
 
 @register_policy_loss("gmpo", first_order_entropy=True, sequence_advantages=True, loss_agg_mode=_PAPERS_AGGREGATION)
@@ -279,16 +228,17 @@ def gmpo_policy_loss(
         (``log r > eps_high`` with ``A > 0``, ``log r < -eps_low`` with ``A < 0``); ``ratio_mean`` is
         the mean of the clipped geometric-mean ratio.
     """
-    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
-    mask, response, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, response_mask)
+    check_clip_ratios(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, response, _, log_ratio, adv = prepare_ratio_inputs(logprobs, old_logprobs, advantages, mask, response_mask)
     sign = torch.sign(adv)
     clamped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
     geo_ratio = torch.exp(masked_sequence_log_ratio(pessimistic, response, mask))
     seq_adv = masked_mean(adv, response, dim=-1)
     per_token = (-seq_adv * geo_ratio).unsqueeze(-1).expand(mask.shape)
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
+    agg = aggregation_options(normalizer, loss_scale_factor, token_weights)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg)
     r = log_ratio.detach()
     low = (adv < 0) & (r < -clip_ratio_low)
     high = (adv > 0) & (r > clip_ratio_high)
-    return loss, _stats(low, high, geo_ratio.unsqueeze(-1), log_ratio, mask)
+    return loss, clip_indicator_stats(low, high, geo_ratio.unsqueeze(-1), log_ratio, mask)

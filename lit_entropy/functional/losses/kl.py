@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.functional.checks import check_choice
-from lit_entropy.functional.policy_loss import LOG_RATIO_CLAMP
+from lit_entropy.functional.losses.ratio import LOG_RATIO_CLAMP
 
 __all__ = ["KL_KINDS", "check_kl_type", "kl_penalty"]
 
@@ -58,7 +58,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
 
     Returns:
         Tensor of ``logprobs``' shape (differentiable w.r.t. both inputs). No masking: aggregate
-        with ``lit_entropy.functional.policy_loss.aggregate_loss``.
+        with ``lit_entropy.functional.losses.aggregation.aggregate_loss``.
     """
     check_kl_type(kind)
     if logprobs.shape != ref_logprobs.shape:

@@ -7,7 +7,7 @@ its token-count denominator), always a subset of ``mask``. Advantages are never 
 Statistics come from the float64 moments ``(count, sum, sum of squares)`` of a per-token
 score over the valid tokens. A single-process caller lets the functions compute them locally;
 a distributed caller all-reduces ``masked_moments`` (and, for the Clip_V cap, finds the global
-top-k cut of :mod:`lit_entropy.functional.selection`) across ranks and passes the global values in,
+top-k cut of :mod:`lit_entropy.functional.selection.top_k`) across ranks and passes the global values in,
 so every rank makes the decision the global batch would make. The steps are public for that purpose:
 
     moments = all_reduce(masked_moments(clip_v_deviation(S, E_p[S]), mask))       # SUM
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from lit_entropy.functional.checks import check_flag, check_fraction, check_number
 from lit_entropy.functional.masked import masked_moments
-from lit_entropy.functional.selection import TopKCut, top_k_cut, top_k_mask
+from lit_entropy.functional.selection.top_k import TopKCut, top_k_cut, top_k_mask
 
 __all__ = [
     "cap_count",
@@ -254,7 +254,7 @@ def clip_v_mask(
     Candidates come from :func:`clip_v_scores`. At most ``max(floor(max_frac * n), 1)`` of the
     ``n`` valid tokens are masked: when more qualify, the candidates with the largest scores go,
     ranked all together. **Ties at the cap** are broken by global token index (row-major, lower
-    ranks first; :mod:`lit_entropy.functional.selection`), so exactly the cap is masked and the
+    ranks first; :mod:`lit_entropy.functional.selection.top_k`), so exactly the cap is masked and the
     result is identical under any sharding.
 
     Args:
@@ -268,7 +268,7 @@ def clip_v_mask(
         moments: optional float64 ``[3]`` global moments of ``D`` over the finite valid tokens; its count
             is the ``n`` of the cap.
         cap_cut: optional global top-k cut of the candidate scores from a distributed caller
-            (:class:`~lit_entropy.functional.selection.TopKCut`); computed locally when None.
+            (:class:`~lit_entropy.functional.selection.top_k.TopKCut`); computed locally when None.
 
     Returns:
         Bool ``[B, T]`` keep mask, a subset of ``mask``.

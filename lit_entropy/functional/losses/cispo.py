@@ -10,8 +10,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.policy_loss import LOG_RATIO_CLAMP, PolicyLossStats, aggregate_loss
-from lit_entropy.functional.policy_losses_sequence import _agg, _check, _prepare, _stats
+from lit_entropy.functional.losses.aggregation import aggregate_loss, aggregation_options
+from lit_entropy.functional.losses.ratio import (
+    LOG_RATIO_CLAMP,
+    PolicyLossStats,
+    check_clip_ratios,
+    clip_indicator_stats,
+    prepare_ratio_inputs,
+)
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = ["cispo_policy_loss"]
@@ -56,13 +62,14 @@ def cispo_policy_loss(
         (``r < 1 - eps_low`` / ``r > 1 + eps_high``, whatever the advantage's sign: the weight is capped,
         the gradient kept).
     """
-    _check(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
-    mask, _, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask, None)
+    check_clip_ratios(clip_ratio_low, clip_ratio_high, loss_agg_mode, loss_scale_factor)
+    mask, _, lp, log_ratio, adv = prepare_ratio_inputs(logprobs, old_logprobs, advantages, mask, None)
     log_ratio = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = -weight * adv * lp
-    loss = aggregate_loss(per_token, mask, loss_agg_mode, **_agg(normalizer, loss_scale_factor, token_weights))
+    agg = aggregation_options(normalizer, loss_scale_factor, token_weights)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg)
     # the weight is capped whatever the advantage's sign, so both cuts count
     low, high = ratio < 1.0 - clip_ratio_low, ratio > 1.0 + clip_ratio_high
-    return loss, _stats(low, high, ratio, log_ratio, mask)
+    return loss, clip_indicator_stats(low, high, ratio, log_ratio, mask)

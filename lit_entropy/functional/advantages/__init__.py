@@ -1,0 +1,46 @@
+"""Advantage estimators of the registry: one module per estimator family, sharing :mod:`.inputs` and
+:mod:`.whitening`.
+
+A new estimator is a new module here with one function decorated by
+:func:`~lit_entropy.functional.registry.register_advantage_estimator`, imported below (the import registers it;
+the import order is the registry's order).
+"""
+
+from lit_entropy.functional.advantages.inputs import as_floating, check_token_shapes, on_valid_tokens
+from lit_entropy.functional.advantages.whitening import whiten
+
+# isort: off
+# The registry lists the estimators in the order these imports register them: grpo first.
+from lit_entropy.functional.advantages.grpo import (
+    ADVANTAGE_SCALES,
+    check_advantage_scale,
+    grpo_advantages,
+    grpo_estimator,
+)
+from lit_entropy.functional.advantages.gae import check_gae_args, gae_advantages, gae_estimator
+from lit_entropy.functional.advantages.reinforce import (
+    discounted_returns,
+    reinforce_plus_plus_baseline_estimator,
+    reinforce_plus_plus_estimator,
+    rloo_estimator,
+)
+
+# isort: on
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "as_floating",
+    "check_advantage_scale",
+    "check_gae_args",
+    "check_token_shapes",
+    "discounted_returns",
+    "gae_advantages",
+    "gae_estimator",
+    "grpo_advantages",
+    "grpo_estimator",
+    "on_valid_tokens",
+    "reinforce_plus_plus_baseline_estimator",
+    "reinforce_plus_plus_estimator",
+    "rloo_estimator",
+    "whiten",
+]

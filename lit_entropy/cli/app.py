@@ -243,7 +243,8 @@ class RFTCLI(LightningCLI):
         # A resumed run validated its starting point already (and the weights are restored only inside fit).
         if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not _resuming(self, fit):
             # Without a terminal ConsoleMetrics prints these values on the step-0 line; a terminal gets the table.
-            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=sys.stdout.isatty())
+            with loggers_kept_open(self.trainer):
+                self.trainer.validate(self.model, datamodule=self.datamodule, verbose=sys.stdout.isatty())
 
     def before_validate(self) -> None:
         check_model_paths(self.model)
@@ -254,6 +255,32 @@ class RFTCLI(LightningCLI):
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=False)
         quiet_checkpoint_restore()
+
+
+@contextmanager
+def loggers_kept_open(trainer: Trainer) -> Iterator[None]:
+    """Inside the block, the end of a ``trainer.validate`` flushes the loggers instead of closing them.
+
+    Lightning finalizes the loggers at the end of every ``trainer.fn``: TensorBoard's writer closes, and the
+    ``fit`` that follows the step-0 validation would open a second event file, so a reader of one file
+    would see the validation curve start at the first in-fit validation. One event stream per run.
+    """
+    originals = {}
+    for logger in trainer.loggers:
+        originals[logger] = logger.finalize
+
+        def flush(status: str, logger: Any = logger) -> None:
+            experiment = getattr(logger, "_experiment", None)
+            if experiment is not None and hasattr(experiment, "flush"):
+                experiment.flush()
+            logger.save()
+
+        logger.finalize = flush
+    try:
+        yield
+    finally:
+        for logger, finalize in originals.items():
+            logger.finalize = finalize
 
 
 def quiet_checkpoint_restore() -> None:

@@ -64,9 +64,10 @@ class StepAxis(Callback):
     * ``on_save_checkpoint``: a checkpoint records its run's log directory (:func:`checkpoint_log_dir`), and one
       written after a validation of its own weights keeps that validation's scalars; ``on_load_checkpoint``
       reads them and the checkpoint's trained batches (``validate --ckpt_path`` logs there).
-    * ``on_train_start`` of a resumed ``fit`` at step ``S`` > 0: each TensorBoard run directory gets a
-      restart mark at ``S``, so TensorBoard drops what the stopped run logged from ``S`` on, and the
-      checkpoint's own validation is written again at ``S``.
+    * ``on_train_start`` of a resumed ``fit`` at step ``S`` > 0: a TensorBoard run directory that holds events
+      logged at ``S`` or later (the run went on past its checkpoint) gets a restart mark at ``S``, so
+      TensorBoard drops them, and the checkpoint's own validation is written again at ``S``; after an exact
+      resume (nothing logged past the checkpoint but its own validation) nothing is dropped or repeated.
     * ``on_train_batch_start``: a training batch writes only the scalars logged during it
       (:func:`~lit_entropy.internals.lightning.forget_step_values`); Lightning alone repeats at every batch the
       last value of each key logged earlier in the epoch, e.g. the last update's ``train/*`` at the
@@ -116,11 +117,32 @@ class StepAxis(Callback):
         if trainer.ckpt_path is None or step == 0:
             return
         evaluation = self.resumed_evaluation if (self.resumed_evaluation or {}).get("step") == step else None
+        scalars = evaluation["scalars"] if evaluation else {}
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                purge_from(logger.experiment, step)
-                if evaluation and evaluation["scalars"]:
-                    logger.log_metrics(evaluation["scalars"], step)
+                later = tags_logged_from(Path(logger.log_dir), step)
+                # An exact resume (the run stopped at its checkpoint) has nothing to drop: no restart mark, so
+                # TensorBoard has no "out of order event.step ... Purging" to warn about.
+                if not later:
+                    if scalars:
+                        logger.log_metrics(scalars, step)
+                elif later != {step: set(scalars) | set(overview_copies(scalars))}:
+                    purge_from(logger.experiment, step)
+                    if scalars:
+                        logger.log_metrics(scalars, step)
+                # else: what the run logged at the checkpoint's step is the checkpoint's own validation, kept
+
+
+def tags_logged_from(log_dir: Path, step: int) -> dict[int, set[str]]:
+    """``{step: tags}`` of the summaries at ``step`` and after in the event files of ``log_dir`` itself."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    out: dict[int, set[str]] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if event.step >= step and event.HasField("summary"):
+                out.setdefault(int(event.step), set()).update(value.tag for value in event.summary.value)
+    return out
 
 
 def purge_from(writer: Any, step: int) -> None:

@@ -1,7 +1,7 @@
 """Statistics of issue 39's decision rule (experiment E, ``experiments/sod_robust/PREREGISTRATION.md``).
 
 * :func:`holm`: Holm's step-down adjustment of a family of p-values.
-* :func:`sign_flip_p`: the exact two-sided sign-flip p-value for any n (``lit_entropy.reporting.statistics``
+* :func:`sign_flip_p`: the exact two-sided sign-flip p-value for any n (``scripts.studies.statistics``
   enumerates at most 2^20 assignments; E pools 24 units), counted by splitting the differences in two halves.
 * :func:`corrected_verdict`: better / worse / none / small, consistent / inconclusive from a family's
   Bonferroni interval and the Holm-adjusted p.
@@ -57,7 +57,7 @@ def sign_flip_p(differences: Sequence[float]) -> float:
 
     The sums of the first half's assignments are sorted, and for each sum of the second half the partners that
     make the total extreme are counted by bisection: 2 x 2^(n/2) sums instead of 2^n. Near-ties count as ties
-    (tolerance 1e-9 of the sum of |d_i|), as in ``lit_entropy.reporting.statistics.sign_flip_test``.
+    (tolerance 1e-9 of the sum of |d_i|), as in ``scripts.studies.statistics.sign_flip_test``.
 
     >>> sign_flip_p([0.1, 0.2, 0.3])  # all positive: 2 of the 8 assignments are as extreme
     0.25

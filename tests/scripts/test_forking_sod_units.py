@@ -34,7 +34,7 @@ def test_holm_against_hand_computation():
 
 def test_sign_flip_p_is_exact_for_any_n():
     mult = load_script("forking_sod_multiplicity")
-    from lit_entropy.reporting.statistics import sign_flip_test
+    from scripts.studies.statistics import sign_flip_test
 
     rng = random.Random(3)
     for n in (1, 2, 5, 9, 12):  # full enumeration where lit_entropy allows it

@@ -61,6 +61,7 @@ from lit_entropy.step.kept_set import kept_set_log_mass
 from lit_entropy.step.micro_batches import forward_parts, micro_batches
 from lit_entropy.step.packing import check_packing_attention
 from lit_entropy.step.skips import SkippedUpdates
+from lit_entropy.step.token_requests import apply_token_requests
 
 __all__ = ["RFTModule"]
 
@@ -316,15 +317,8 @@ class RFTModule(LightningModule):
         return None
 
     def apply_token_callbacks(self, experience: Experience) -> Experience:
-        """Ask the callbacks (on every rank) for keep masks, token penalties and this batch's loss coefficients."""
-        context, trainer = experience.token_context(), attached_trainer(self)
-        experience.coefficients = {
-            **self.loss_coefficients(),
-            **protocol.collect_loss_coefficients(trainer, self, context),
-        }
-        experience.loss_mask = protocol.collect_keep_mask(trainer, self, context)
-        experience.penalty = protocol.collect_token_penalty(trainer, self, context)
-        return experience
+        """Ask the callbacks (on every rank) for advantages, then loss coefficients, keep masks and token penalties."""
+        return apply_token_requests(attached_trainer(self), self, experience)
 
     def update(self, experience: Experience) -> dict[str, float]:
         """``update.epochs`` x mini-batches of optimizer steps on ``experience``; returns mean loss terms."""
@@ -453,8 +447,12 @@ class RFTModule(LightningModule):
         return protocol.TokenMaskContext.field_names()
 
     def token_requests(self) -> frozenset[str]:
-        """Keep masks, token penalties and loss coefficients are all asked for once per rollout batch."""
-        return frozenset({"keep_mask", "token_penalty", "loss_coefficients"})
+        """Advantages, keep masks, token penalties and loss coefficients are all asked for once per rollout batch."""
+        return frozenset(protocol.TOKEN_REQUESTS)
+
+    def group_size(self) -> int:
+        """Samples per prompt: every rank's rollout rows are consecutive groups of this many."""
+        return self.settings.sampling.num_samples
 
     def loss_coefficients(self) -> dict[str, float]:
         """The loss coefficients callbacks may set per batch, at their configured values."""

@@ -38,14 +38,18 @@ __all__ = [
     "TokenMaskProvider",
     "TokenMaskObserver",
     "TokenMaskingModule",
+    "TokenAdvantageProvider",
     "TokenPenaltyProvider",
     "check_token_masking_module",
     "collect_keep_mask",
+    "collect_token_advantages",
     "collect_loss_coefficients",
     "collect_token_penalty",
     "required_token_mask_fields",
     "loss_coefficient_providers",
     "module_token_requests",
+    "rollout_group_size",
+    "token_advantage_providers",
     "token_mask_observers",
     "token_mask_providers",
     "token_penalty_providers",
@@ -53,9 +57,9 @@ __all__ = [
 ]
 
 
-TOKEN_REQUESTS: tuple[str, ...] = ("keep_mask", "token_penalty", "loss_coefficients")
+TOKEN_REQUESTS: tuple[str, ...] = ("keep_mask", "token_penalty", "loss_coefficients", "advantages")
 """What a module can ask its callbacks for once per rollout batch: :func:`collect_keep_mask`,
-:func:`collect_token_penalty`, :func:`collect_loss_coefficients`."""
+:func:`collect_token_penalty`, :func:`collect_loss_coefficients`, :func:`collect_token_advantages`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +132,18 @@ class LossCoefficientProvider(Protocol):
 
 
 @runtime_checkable
+class TokenAdvantageProvider(Protocol):
+    """A callback that replaces the advantages of one rollout batch (per-token weights, switching, shaping)."""
+
+    required_fields: frozenset[str]
+
+    def token_advantages(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
+        """Return float ``[B, T]`` advantages for ``context``'s tokens (read ``context.advantages``: the estimator's,
+        or the previous provider's). Called on every rank."""
+        ...
+
+
+@runtime_checkable
 class TokenMaskObserver(Protocol):
     """A callback that reads the batch together with the final keep mask (e.g. a diagnostic)."""
 
@@ -148,7 +164,8 @@ class TokenMaskingModule(Protocol):
 
     # Optional, read with getattr: token_requests() -> frozenset of TOKEN_REQUESTS the module makes per rollout
     # batch (default {"keep_mask"}); loss_coefficients() -> {name: current value} it lets callbacks set;
-    # updates_per_rollout_batch() -> optimizer steps per rollout batch (default 1).
+    # updates_per_rollout_batch() -> optimizer steps per rollout batch (default 1); group_size() -> samples per
+    # prompt, rows grouped by prompt in consecutive groups on every rank (default: unknown).
 
 
 def module_token_requests(pl_module: Any) -> frozenset[str]:
@@ -161,6 +178,12 @@ def updates_per_rollout_batch(pl_module: Any) -> int:
     """Optimizer steps ``pl_module`` takes per rollout batch (1 when it does not say)."""
     updates = getattr(pl_module, "updates_per_rollout_batch", None)
     return int(updates()) if callable(updates) else 1
+
+
+def rollout_group_size(pl_module: Any) -> int | None:
+    """Samples per prompt of ``pl_module``'s rollout batches (rows in consecutive groups); None if it does not say."""
+    size = getattr(pl_module, "group_size", None)
+    return int(size()) if callable(size) else None
 
 
 def check_token_masking_module(
@@ -209,6 +232,11 @@ def loss_coefficient_providers(trainer: Any) -> list[LossCoefficientProvider]:
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, LossCoefficientProvider)]
 
 
+def token_advantage_providers(trainer: Any) -> list[TokenAdvantageProvider]:
+    """The trainer's callbacks that implement :class:`TokenAdvantageProvider`, in callback order."""
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenAdvantageProvider)]
+
+
 def token_mask_observers(trainer: Any) -> list[TokenMaskObserver]:
     """The trainer's callbacks that implement :class:`TokenMaskObserver`, in callback order."""
     return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TokenMaskObserver)]
@@ -221,6 +249,7 @@ def required_token_mask_fields(trainer: Any) -> frozenset[str]:
         *token_mask_providers(trainer),
         *token_penalty_providers(trainer),
         *loss_coefficient_providers(trainer),
+        *token_advantage_providers(trainer),
         *token_mask_observers(trainer),
     ]
     for provider in providers:
@@ -246,6 +275,29 @@ def collect_keep_mask(trainer: Any, pl_module: Any, context: TokenMaskContext) -
     for observer in token_mask_observers(trainer):
         observer.observe_keep_mask(trainer, pl_module, context, keep)
     return keep
+
+
+def collect_token_advantages(trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor | None:
+    """The advantages after every advantage provider, in callback order (each sees the previous one's in
+    ``context.advantages``), or None when there is none. Call it on every rank, before :func:`collect_keep_mask`.
+
+    Returns:
+        float ``[B, T]``, zero outside ``context.mask``; None without a provider.
+    """
+    providers = token_advantage_providers(trainer)
+    if not providers:
+        return None
+    advantages = context.advantages
+    for provider in providers:
+        shaped = provider.token_advantages(trainer, pl_module, context)
+        if shaped.shape != context.mask.shape or not shaped.is_floating_point():
+            raise ValueError(
+                f"{type(provider).__name__}.token_advantages returned {shaped.dtype} {tuple(shaped.shape)}, "
+                f"expected a float tensor of shape {tuple(context.mask.shape)}"
+            )
+        advantages = shaped.masked_fill(~context.mask, 0.0).float()  # float32, as the estimator's
+        context = context.with_row_tensors({"advantages": advantages})
+    return advantages
 
 
 def collect_token_penalty(trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor | None:

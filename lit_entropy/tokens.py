@@ -50,7 +50,7 @@ class RolloutField:
 
 
 ROLLOUT_FIELDS: tuple[RolloutField, ...] = (
-    RolloutField("rewards", "float, one reward per completion", per_token=False, required=True, context=False),
+    RolloutField("rewards", "float, one reward per completion (as scored)", per_token=False, required=True),
     RolloutField("advantages", "float32, the advantage of each token (GRPO: per sequence, broadcast)", required=True),
     RolloutField(
         "old_logprobs", "log-probability of the sampled token under the rollout policy", required=True, statistics=True

@@ -131,7 +131,7 @@ def test_the_callback_context_holds_exactly_the_context_fields():
     context = experience.token_context()
     assert torch.equal(context.mask, experience.response_mask)
     offered = {f.name for f in ROLLOUT_FIELDS if f.context}
-    assert offered == {"advantages", "old_logprobs", "entropy", "discriminator", "policy_average"}
+    assert offered == {"rewards", "advantages", "old_logprobs", "entropy", "discriminator", "policy_average"}
     for name in offered:
         assert getattr(context, name) is values[name], name
     assert context.present_fields() == {"mask", *offered} == TokenMaskContext.field_names()

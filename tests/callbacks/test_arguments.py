@@ -17,13 +17,27 @@ import pytest
 import torch
 
 from lit_entropy.callbacks import (
+    REPOR,
+    STARE,
     AdaptiveEntropyBonus,
+    AdvantageReweighting,
     ClipCov,
+    Entrocraft,
     EntropyDiscriminatorClipping,
     EntropyDynamicsMonitor,
     HighEntropySelection,
     KLCov,
     RandomNegativeMasking,
+    SpuriousTokenSilencing,
+    UnlikelinessReward,
+)
+from lit_entropy.functional.control import (
+    entrocraft_advantages,
+    entrocraft_bounds,
+    reweighted_advantages,
+    s2t_mask,
+    stare_weights,
+    unlikeliness_advantages,
 )
 from lit_entropy.functional.entropy import adaptive_entropy_coef
 from lit_entropy.functional.selection import (
@@ -68,6 +82,30 @@ def _high_entropy(kw: dict[str, Any]) -> None:
 def _adaptive(kw: dict[str, Any]) -> None:
     defaults = {"entropy_target": 0.2, "coef_delta": 1e-3, "coef_min": 0.0, "coef_max": 0.05}
     adaptive_entropy_coef(0.0, 0.1, **{**defaults, **{k: v for k, v in kw.items() if k in defaults}})
+
+
+def _stare(kw: dict[str, Any]) -> None:
+    names = ("top_ratio", "reweight_w", "reweight_m", "variant")
+    stare_weights(_S, _ADV, _MASK, **{k: v for k, v in kw.items() if k in names})
+
+
+def _entrocraft(kw: dict[str, Any]) -> None:
+    if "schedule" in kw:
+        entrocraft_bounds(1, 10, schedule=kw["schedule"])
+    if "signal" in kw:
+        entrocraft_advantages(_ADV, _ADV[:, 0], _MASK, "positive", signal=kw["signal"])
+
+
+def _s2t(kw: dict[str, Any]) -> None:
+    s2t_mask(_S, _S.abs(), _ADV, _MASK, **kw)
+
+
+def _reweighting(kw: dict[str, Any]) -> None:
+    reweighted_advantages(_ADV, _S, _MASK, **kw)
+
+
+def _unlikeliness(kw: dict[str, Any]) -> None:
+    unlikeliness_advantages(_ADV[:, 0], _S, _MASK, group_size=3, **kw)
 
 
 class Case(NamedTuple):
@@ -168,7 +206,15 @@ def _cases() -> list[tuple[str, Case]]:
             f"keep_history must be true or false, got {shown}",
         )
 
+    _lineage_cases(add)
+
     every = (
+        (STARE, {}),
+        (Entrocraft, {}),
+        (SpuriousTokenSilencing, {}),
+        (AdvantageReweighting, {}),
+        (UnlikelinessReward, {}),
+        (REPOR, {}),
         (EntropyDiscriminatorClipping, {}),
         (RandomNegativeMasking, {}),
         (ClipCov, {}),
@@ -182,6 +228,77 @@ def _cases() -> list[tuple[str, Case]]:
             message = f"log_prefix must be a non-empty string without a trailing '/', got {shown}"
             add(make.__name__, make, {**base, "log_prefix": value}, message)
     return cases
+
+
+def _lineage_cases(add: Callable[..., None]) -> None:
+    """The issue-38 callbacks: STARE, Entrocraft, S2T, advantage reweighting, unlikeliness reward, REPO-R."""
+    share01 = [(1.5, "1.5"), (-0.1, "-0.1"), (math.nan, "nan"), ("0.1", "'0.1'")]
+    for value, shown in share01:
+        add("stare", STARE, {"top_ratio": value}, f"top_ratio must be a number in [0, 1], got {shown}", _stare)
+        for name, fn in (("prob_threshold", _s2t), ("entropy_quantile", _s2t)):
+            add("s2t", SpuriousTokenSilencing, {name: value}, f"{name} must be a number in [0, 1], got {shown}", fn)
+        add(
+            "ar", AdvantageReweighting, {"alpha": value}, f"alpha must be a number in [0, 1], got {shown}", _reweighting
+        )
+        add(
+            "unlikely",
+            UnlikelinessReward,
+            {"beta": value},
+            f"beta must be a number in [0, 1], got {shown}",
+            _unlikeliness,
+        )
+    for name in ("reweight_w", "reweight_m"):
+        for value, shown in _POSITIVE:
+            add("stare", STARE, {name: value}, f"{name} must be a finite number > 0, got {shown}", _stare)
+    for name, low in (("target_entropy", "0"), ("alpha", "0"), ("w_max", "1")):
+        for value, shown in [(-1.0, "-1.0"), (math.inf, "inf"), (math.nan, "nan"), ("1", "'1'")]:
+            add("stare", STARE, {name: value}, f"{name} must be a finite number >= {low}, got {shown}")
+    for value, shown in [(0, "0"), (1.5, "1.5"), (math.nan, "nan")]:
+        add("stare", STARE, {"m_min": value}, f"m_min must be a number in (0, 1], got {shown}")
+    add("stare", STARE, {"variant": "O2"}, "variant must be one of ('O1', 'C2'), got 'O2'", _stare)
+    for value, shown in _FLAG:
+        add("stare", STARE, {"adaptive": value}, f"adaptive must be true or false, got {shown}")
+    add("stare", STARE, {"scope": "rank"}, "scope must be one of ('global', 'micro_batch'), got 'rank'")
+    for value, shown in [(0, "0"), (1.5, "1.5"), (True, "True")]:
+        message = f"micro_batch_rows must be an integer >= 1 or null, got {shown}"
+        add("stare", STARE, {"micro_batch_rows": value}, message)
+
+    for name in ("lower_range", "upper_range"):
+        for value, shown in [(0.5, "0.5"), ((0.1, 0.2, 0.3), "(0.1, 0.2, 0.3)")]:
+            message = f"{name} must be a pair (start, end) of entropies in nats, got {shown}"
+            add("entrocraft", Entrocraft, {name: value}, message)
+    add(
+        "entrocraft", Entrocraft, {"lower_range": (0.6, -0.1)},
+        "lower_range[1] must be a finite number >= 0, got -0.1",
+    )  # fmt: skip
+    add(
+        "entrocraft", Entrocraft, {"lower_range": (0.8, 0.4)},
+        "lower_range must stay at or below upper_range, got lower_range=(0.8, 0.4) and upper_range=(0.7, 0.5)",
+    )  # fmt: skip
+    add(
+        "entrocraft",
+        Entrocraft,
+        {"schedule": "exp"},
+        "schedule must be one of ('linear', 'cos'), got 'exp'",
+        _entrocraft,
+    )
+    add(
+        "entrocraft", Entrocraft, {"signal": "logit"}, "signal must be one of ('reward', 'advantage'), got 'logit'",
+        _entrocraft,
+    )  # fmt: skip
+    for value, shown in [(0, "0"), (2.5, "2.5")]:
+        message = f"total_batches must be an integer >= 1 or null, got {shown}"
+        add("entrocraft", Entrocraft, {"total_batches": value}, message)
+
+    for value, shown in [(-1.0, "-1.0"), (math.inf, "inf"), (math.nan, "nan")]:
+        message = f"negative_weight must be a finite number >= 0, got {shown}"
+        add("ar", AdvantageReweighting, {"negative_weight": value}, message, _reweighting)
+    for value, shown in [(0, "0"), (2.5, "2.5")]:
+        add("unlikely", UnlikelinessReward, {"group_size": value}, f"group_size must be an integer >= 1, got {shown}")
+
+    add("repo_r", REPOR, {"zeta": 2.0}, "zeta must be a number in [0.0001, 1], got 2.0")
+    add("repo_r", REPOR, {"zeta_min": -1.0}, "zeta_min must be a finite number >= 0, got -1.0")
+    add("repo_r", REPOR, {"zeta_max": 0.0}, "zeta_max must be a finite number >= 0.0001, got 0.0")
 
 
 CASES = _cases()

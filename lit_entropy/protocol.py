@@ -285,9 +285,7 @@ def collect_token_advantages(trainer: Any, pl_module: Any, context: TokenMaskCon
         float ``[B, T]``, zero outside ``context.mask``; None without a provider.
     """
     providers = token_advantage_providers(trainer)
-    if not providers:
-        return None
-    advantages = context.advantages
+    advantages: Tensor | None = None
     for provider in providers:
         shaped = provider.token_advantages(trainer, pl_module, context)
         if shaped.shape != context.mask.shape or not shaped.is_floating_point():

@@ -28,7 +28,7 @@ from lit_entropy.cli.resume import (
     resolve_null_estimator,
     resolve_null_loss_agg_mode,
 )
-from lit_entropy.cli.run_dir import place_logger
+from lit_entropy.cli.run_dir import claim_version_dirs, place_logger, release_unused_run_dirs
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
 from lit_entropy.internals.cli import append_help
@@ -123,7 +123,18 @@ class RFTCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._command_line = command_line_words(kwargs.get("args"))
+        self._claimed_run_dirs: list[Path] = []
         super().__init__(*args, **kwargs)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        # The run takes its version directory first (atomically); one that fails before its first training
+        # step gives it back, so the next run gets that number and no empty or config-only directory remains.
+        self._claimed_run_dirs = claim_version_dirs(self.trainer)
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            release_unused_run_dirs(self._claimed_run_dirs, self.trainer)
+            raise
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

@@ -10,10 +10,17 @@ TensorBoardLogger given by ``class_path`` whose ``version`` is unset (or the che
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpoint_run_dir", "place_logger"]
+__all__ = ["checkpoint_run_dir", "claim_version_dirs", "place_logger", "release_unused_run_dirs"]
+
+#: Environment variable through which the other ranks of a run learn the versions rank 0 claimed
+#: (Lightning starts them with rank 0's environment): ``{logger root directory: version number}``.
+CLAIMED_VERSIONS_ENV = "LIT_ENTROPY_CLAIMED_VERSIONS"
 
 
 def checkpoint_run_dir(ckpt_path: str | Path) -> Path | None:
@@ -73,3 +80,61 @@ def _free_name(parent: Path | None, base: str) -> str:
     while (parent / f"{base}_{number}").exists():
         number += 1
     return f"{base}_{number}"
+
+
+def claim_version_dirs(trainer: Any) -> list[Path]:
+    """Take each logger's next free ``version_<N>`` directory with an atomic ``os.mkdir``; returns those created.
+
+    Lightning picks the next version by listing the directory, so two runs started at once both took
+    ``version_0`` (the second was then refused as "a previous run"). ``mkdir`` succeeds for one process
+    only; the other takes the next number. Loggers with a version set (a resumed run, ``--trainer.logger
+    .init_args.version``) and remote directories are left alone. Ranks other than 0 take rank 0's versions.
+    """
+    from lightning.fabric.utilities.rank_zero import _get_rank
+
+    rank = _get_rank() or 0
+    inherited = json.loads(os.environ.get(CLAIMED_VERSIONS_ENV) or "{}") if rank != 0 else {}
+    claimed: list[Path] = []
+    for logger in trainer.loggers:
+        root = getattr(logger, "root_dir", None)
+        if root is None or getattr(logger, "_version", 0) is not None or "://" in str(root):
+            continue
+        key = str(Path(root).absolute())
+        if rank != 0:
+            if key in inherited:
+                logger._version = inherited[key]
+            continue
+        Path(root).mkdir(parents=True, exist_ok=True)
+        version = logger._get_next_version()
+        while True:
+            try:
+                os.mkdir(Path(root) / f"version_{version}")
+                break
+            except FileExistsError:  # another run took it between the listing and now
+                version += 1
+        logger._version = version
+        claimed.append(Path(root) / f"version_{version}")
+        inherited[key] = version
+    if claimed:
+        os.environ[CLAIMED_VERSIONS_ENV] = json.dumps(inherited)
+    return claimed
+
+
+def release_unused_run_dirs(claimed: list[Path], trainer: Any) -> list[Path]:
+    """Delete the version directories this process claimed when its run failed before its first training step.
+
+    A run that trained no batch and wrote no checkpoint leaves nothing worth keeping (a config.yaml, an
+    events file of the step-0 validation); removing its directory keeps the next run's number where it
+    was. Returns the directories removed.
+    """
+    from lit_entropy.reporting.steps import trained_batches
+
+    fn = getattr(trainer.state, "fn", None) if trainer is not None else None
+    if trainer is not None and fn == "fit" and trained_batches(trainer) > 0:
+        return []
+    removed = []
+    for directory in claimed:
+        if directory.is_dir() and not any(directory.rglob("*.ckpt")):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import save_tiny_model
 
 
@@ -19,7 +20,7 @@ def _restore_torch_threads():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2")))
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), build_char_tokenizer()))
 
 
 @pytest.fixture(scope="session")

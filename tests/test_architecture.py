@@ -18,6 +18,9 @@ Rules (every import counts, including the lazy ones inside functions):
   inside functions are added (a lazy import hides a cycle from the interpreter, not from the reader: two
   modules that need each other are one concept in two files). ``if TYPE_CHECKING:`` blocks are excluded.
   Scripts are named by their dotted name (``scripts.bench.step``), as ``python -m`` and pytest see them.
+- No import cycle among the packages of ``lit_entropy`` either (its first-level subpackages and top-level
+  modules: ``data``, ``models``, ``settings``, ...), counting every import, the lazy ones too: a package that
+  needs another which needs it back has no place in the layering, and its lazy import only hides the loop.
 - No file of ``lit_entropy/`` imports another file's private (``_underscore``) names, neither
   ``from m import _name`` nor ``m._name`` on an imported module: a helper two files share is public in its
   package (issue 33), so a split by concept shows in the names.
@@ -356,6 +359,36 @@ def test_no_import_cycle_in_the_library_or_the_scripts(lazy):
             if (lazy or imp.module_level) and imp.target in component
         ]
         lines.append(f"import cycle among {', '.join(component)}:\n" + "\n".join(edges))
+    assert not lines, "\n".join(lines)
+
+
+def _package(module: str) -> str | None:
+    """The first-level package (or top-level module) of ``lit_entropy`` that ``module`` belongs to."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "lit_entropy" and len(parts) > 1 else None
+
+
+def test_no_import_cycle_among_the_library_packages():
+    edges: dict[tuple[str, str], list[Import]] = {}
+    for module, imports in IMPORTS.items():
+        for imp in imports:
+            source, target = _package(module), _package(imp.target)
+            if source and target and source != target:
+                edges.setdefault((source, target), []).append(imp)
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+        graph.setdefault(target, set())
+    assert {"lit_entropy.step", "lit_entropy.settings"} <= set(graph["lit_entropy.module"])  # the scan sees packages
+    lines = []
+    for component in _cycles(graph):
+        lines.append(f"import cycle among the packages {', '.join(component)}:")
+        lines += [
+            f"  {imp.where()} imports {imp.target}" + ("" if imp.module_level else " (inside a function)")
+            for (source, target), imports in sorted(edges.items())
+            if source in component and target in component
+            for imp in imports
+        ]
     assert not lines, "\n".join(lines)
 
 

@@ -21,9 +21,10 @@ ENTROPY_COEF = 0.05
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
+    from lit_entropy.data.char_tokenizer import build_char_tokenizer
     from lit_entropy.models.tiny import save_tiny_model
 
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "m", num_layers=2))
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "m", build_char_tokenizer(), num_layers=2))
 
 
 def _module(model_dir: str, mode: str, update: UpdateConfig, blockwise: bool) -> RFTModule:

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_entropy.models.hidden_states import lm_head_params
+
 __all__ = ["RFTModels", "check_context_length", "eos_token_ids", "load_causal_lm", "load_rft_models", "load_tokenizer"]
 
 
@@ -145,9 +147,8 @@ def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
     from lit_entropy.models.lora import has_lora
-    from lit_entropy.step.forward import uses_blockwise_head
 
-    if blockwise and uses_blockwise_head(policy):
+    if blockwise and lm_head_params(policy) is not None:  # the step's blockwise path applies
         path = (
             "blockwise (hidden states x LM head in blocks, no [tokens, vocab] logits; "
             "separate update forwards form the gradient inside the pass)"

@@ -67,17 +67,14 @@ def build_qwen2(
     return model
 
 
-def save_tiny_model(path: str | Path, tokenizer: Any = None, **kwargs: Any) -> Path:
-    """:func:`build_qwen2` (keyword arguments) saved with its tokenizer as a ``save_pretrained`` directory.
+def save_tiny_model(path: str | Path, tokenizer: Any, **kwargs: Any) -> Path:
+    """:func:`build_qwen2` over ``tokenizer`` (keyword arguments) saved with it as a ``save_pretrained`` directory.
 
     Args:
         path: the directory to write.
-        tokenizer: None = the arithmetic character tokenizer of the embedded task.
+        tokenizer: the model's tokenizer (the embedded task's: ``lit_entropy.data.build_char_tokenizer()``).
         **kwargs: :func:`build_qwen2`'s.
     """
-    from lit_entropy.data.char_tokenizer import build_char_tokenizer
-
-    tokenizer = tokenizer or build_char_tokenizer()
     build_qwen2(tokenizer, **kwargs).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)

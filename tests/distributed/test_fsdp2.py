@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import save_tiny_model
 
 HELPER = Path(__file__).with_name("_fsdp2_run.py")
@@ -39,7 +40,7 @@ def _two_ranks(model_dir: str, out: Path, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny2"), num_layers=2))
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny2"), build_char_tokenizer(), num_layers=2))
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.functional.overlong import truncated_rows
 from lit_entropy.models.loading import eos_token_ids, load_tokenizer
 from lit_entropy.models.tiny import save_tiny_model
@@ -19,7 +20,7 @@ EOS, SECOND = 1, 9  # the char tokenizer's EOS, and a second id the generation c
 
 @pytest.fixture(scope="module")
 def two_eos_model(tmp_path_factory):
-    path = save_tiny_model(tmp_path_factory.mktemp("two_eos"))
+    path = save_tiny_model(tmp_path_factory.mktemp("two_eos"), build_char_tokenizer())
     config = json.loads((path / "generation_config.json").read_text())
     config["eos_token_id"] = [EOS, SECOND]
     (path / "generation_config.json").write_text(json.dumps(config))

@@ -60,11 +60,13 @@ def test_the_pushed_weights_are_peft_merged_weights_under_plain_names(tiny_model
 @pytest.mark.vllm
 def test_next_rollout_logprobs_equal_the_trainers_after_a_lora_push(tmp_path):
     pytest.importorskip("vllm")
+    from lit_entropy.data.char_tokenizer import build_char_tokenizer
     from lit_entropy.models.lora import adapters_disabled
     from lit_entropy.models.tiny import save_tiny_model
     from lit_entropy.step.forward import response_forward
 
-    model_dir = str(save_tiny_model(tmp_path / "model", hidden_size=128, num_layers=2))  # head_dim 64 for vLLM CPU
+    # head_dim 64 for vLLM CPU
+    model_dir = str(save_tiny_model(tmp_path / "model", build_char_tokenizer(), hidden_size=128, num_layers=2))
     torch.set_num_threads(1)
     engine = VLLMRolloutEngine(
         model_dir, eos_token_id=[EOS, 9], pad_token_id=PAD, dtype="float32", max_model_len=64, seed=0,

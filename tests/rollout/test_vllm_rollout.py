@@ -245,10 +245,13 @@ def test_bad_arguments_raise(monkeypatch):
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
     pytest.importorskip("vllm")
+    from lit_entropy.data.char_tokenizer import build_char_tokenizer
     from lit_entropy.models.tiny import save_tiny_model
 
     # head_dim 64: vLLM's CPU attention does not support 16.
-    return str(save_tiny_model(tmp_path_factory.mktemp("vllm_qwen2"), hidden_size=128, num_layers=2))
+    return str(
+        save_tiny_model(tmp_path_factory.mktemp("vllm_qwen2"), build_char_tokenizer(), hidden_size=128, num_layers=2)
+    )
 
 
 @pytest.fixture(scope="module")

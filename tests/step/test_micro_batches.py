@@ -124,7 +124,7 @@ def test_the_statistics_pass_under_a_budget_equals_the_padded_pass(tmp_path, blo
     from lit_entropy.models.tiny import save_tiny_model
     from lit_entropy.module import RFTModule
 
-    path = str(save_tiny_model(tmp_path / "m", num_layers=2))
+    path = str(save_tiny_model(tmp_path / "m", build_char_tokenizer(), num_layers=2))
     modules = []
     for budget in (None, BUDGET):
         module = RFTModule(

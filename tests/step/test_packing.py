@@ -157,7 +157,7 @@ def test_the_statistics_pass_packed_under_a_budget_equals_the_padded_pass(tmp_pa
     from lit_entropy.models.tiny import save_tiny_model
     from lit_entropy.module import RFTModule
 
-    path = str(save_tiny_model(tmp_path / "m", num_layers=2))
+    path = str(save_tiny_model(tmp_path / "m", build_char_tokenizer(), num_layers=2))
     modules = []
     for update in (UpdateConfig(), UpdateConfig(max_tokens_per_micro_batch=30, pack_sequences=True)):
         module = RFTModule(PolicyConfig(path), loss=LossConfig(kl_coef=0.1), update=update)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.cli import OptimizerCallable
 
+from lit_entropy.extensions.imports import import_object
 from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
 from lit_entropy.functional.checks import check_choice, check_flag, check_number
 from lit_entropy.functional.losses import check_kl_type, check_policy_loss_args, check_value_loss_args
@@ -212,15 +213,15 @@ class AdvantageConfig:
     """How rewards become per-token advantages."""
 
     estimator: str | None = None
-    """Advantage estimator by registered name (``lit_entropy.functional.ADVANTAGE_ESTIMATORS``); one that reads a
-    critic's values (``gae``) needs ``model.algorithm: ppo``; null = the algorithm's own (grpo -> ``grpo``,
-    ppo -> ``gae``)."""
+    """Advantage estimator by registered name (``lit_entropy.functional.ADVANTAGE_ESTIMATORS``) or import path
+    ``pkg.module:function``; one that reads a critic's values (``gae``) needs ``model.algorithm: ppo``; null = the
+    algorithm's own (grpo -> ``grpo``, ppo -> ``gae``)."""
     scale: Literal["group", "batch", "none"] = "group"
     """GRPO: divide centred rewards by the group std (``group``), the batch std, or not (``none`` = Dr.GRPO)."""
 
     def __post_init__(self) -> None:
         if self.estimator is not None:
-            ADVANTAGE_ESTIMATORS.check("model.advantages.estimator", self.estimator)
+            ADVANTAGE_ESTIMATORS.check("model.advantages.estimator", self.estimator, importer=import_object)
         check_advantage_scale(self.scale, name="model.advantages.scale")
 
 
@@ -229,8 +230,8 @@ class LossConfig:
     """The policy loss and its extra terms (names follow verl)."""
 
     policy_loss: str = "ppo"
-    """Policy loss by registered name (``lit_entropy.functional.POLICY_LOSSES``); ``ppo`` = the clipped surrogate
-    with clip-higher and dual clip (the ``clip_ratio_*`` settings)."""
+    """Policy loss by registered name (``lit_entropy.functional.POLICY_LOSSES``) or import path ``pkg.module:function``;
+    ``ppo`` = the clipped surrogate with clip-higher and dual clip (the ``clip_ratio_*`` settings)."""
     clip_ratio_low: float = 0.2
     """PPO ratio clip below 1, in [0, 1)."""
     clip_ratio_high: float = 0.2
@@ -261,7 +262,7 @@ class LossConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rollout_correction, Mapping):  # a checkpoint stores the nested group as a dict
             object.__setattr__(self, "rollout_correction", RolloutCorrectionConfig(**self.rollout_correction))
-        POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss)
+        POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss, importer=import_object)
         if self.loss_agg_mode is None:  # frozen: the resolved mode is stored once, so HPARAMS show what ran
             object.__setattr__(self, "loss_agg_mode", default_loss_agg_mode(self.policy_loss))
         check_policy_loss_args(

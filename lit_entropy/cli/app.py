@@ -362,7 +362,7 @@ REGISTRY_SETTINGS: dict[str, Registry[Any]] = {
 def document_registered_names(parser: Any) -> None:
     """Append the registered names to the ``--help`` text of each setting in :data:`REGISTRY_SETTINGS`."""
     for dest, registry in REGISTRY_SETTINGS.items():
-        append_help(parser, dest, f"Registered: {', '.join(registry.names())}.")
+        append_help(parser, dest, f"Registered: {', '.join(registry.names())}. Or your own: pkg.module:function.")
 
 
 def add_safety_arguments(parser: Any) -> None:

@@ -1,8 +1,11 @@
 """Policy losses and advantage estimators chosen by name (as verl's ``core_algos`` registries).
 
-A new loss or estimator is one decorated function: registering it makes its name valid in
-``model.loss.policy_loss`` / ``model.advantages.estimator``, in ``--help`` and in the error that
-refuses an unknown name, with no other edit.
+A new loss or estimator is one function, named in ``model.loss.policy_loss`` / ``model.advantages.estimator`` either
+by its import path ``pkg.module:function`` (as ``model.reward.reward_fn`` names a reward; the settings import it and
+check its signature against the call below, :meth:`Registry.check`) or by the name a decorator registers it under
+(:func:`register_policy_loss`, :func:`register_advantage_estimator`: the built-ins' way, and the way to give a
+function attributes such as ``needs_values``; the name is then valid in the settings, listed by ``--help`` and by the
+error that refuses an unknown name, with no other edit).
 
 Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
 
@@ -23,8 +26,10 @@ Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -35,10 +40,13 @@ from lit_entropy.functional.masked import as_bool_mask
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "DEFAULT_CLIP_RATIO_C",
+    "ExpectedCall",
     "POLICY_LOSSES",
     "Registry",
     "UnknownNameError",
     "estimator_needs_values",
+    "import_path_object",
+    "is_import_path",
     "policy_loss_takes_token_weights",
     "outcome_token_rewards",
     "policy_loss_attribute",
@@ -61,17 +69,79 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+#: How the settings' messages name the second way to give a function.
+IMPORT_PATH_FORM = "an import path 'pkg.module:function'"
+
+
+def is_import_path(value: object) -> bool:
+    """Whether ``value`` reads ``pkg.module:function`` (dotted identifiers, one colon), as a setting may name a
+    function of a user's module instead of a registered name."""
+    if not isinstance(value, str) or value.count(":") != 1:
+        return False
+    module, function = value.split(":")
+    return all(part.isidentifier() for part in (*module.split("."), *function.split(".")))
+
+
+def import_path_object(spec: str, setting: str) -> Any:
+    """The object ``pkg.module:function`` names (:func:`importlib.import_module`, then the attributes).
+
+    The settings pass their own importer to :meth:`Registry.check` (it also looks in the working directory, as
+    ``python -m`` does); this plain one serves a lookup in a process that did not build the settings.
+
+    Raises:
+        ValueError: ``<setting>: cannot be imported (...), got <spec>``.
+    """
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            target = getattr(target, attr)
+    except Exception as err:  # ImportError, AttributeError, or whatever the module raises while it runs
+        raise ValueError(f"{setting}: cannot be imported ({type(err).__name__}: {err}), got {spec!r}") from err
+    return target
+
+
+@dataclass(frozen=True)
+class ExpectedCall:
+    """How the training step calls every function of a registry: ``positional`` arguments, then ``keywords`` (plus
+    ``keywords_when[attribute]`` for a function registered with that attribute true).
+
+    A function fits when it accepts that call (:meth:`inspect.Signature.bind`): it may take ``**extra`` instead of the
+    keywords it does not read.
+    """
+
+    positional: tuple[str, ...]
+    keywords: tuple[str, ...]
+    keywords_when: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def keywords_for(self, attributes: dict[str, Any]) -> tuple[str, ...]:
+        """The keywords a function registered with ``attributes`` receives."""
+        extra = (key for attribute, keys in self.keywords_when.items() if attributes.get(attribute) for key in keys)
+        return (*self.keywords, *extra)
+
+    def describe(self, attributes: dict[str, Any] | None = None) -> str:
+        """The call as a signature: ``(a, b, *, c, d, **extra)``."""
+        return f"({', '.join(self.positional)}, *, {', '.join(self.keywords_for(attributes or {}))}, **extra)"
+
+
 class Registry(Generic[F]):
     """Functions by name, in registration order.
 
+    A function can also be named by its import path ``pkg.module:function`` without being registered: :meth:`check`
+    imports it (once), checks it against the registry's :class:`ExpectedCall` and keeps it under the path, which
+    then works wherever a name does; :meth:`names` lists the registered names only.
+
     Args:
         kind: what the functions are, for messages (``"policy loss"``).
+        call: how the training step calls the functions; None = not checked.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, call: ExpectedCall | None = None) -> None:
         self.kind = kind
+        self.call = call
         self._functions: dict[str, F] = {}
         self._attributes: dict[str, dict[str, Any]] = {}
+        self._imported: dict[str, F] = {}  # import path -> function, filled by check()
 
     def register(self, name: str, **attributes: Any) -> Callable[[F], F]:
         """Decorator registering a function under ``name`` (with optional ``attributes``); returns it unchanged.
@@ -100,7 +170,10 @@ class Registry(Generic[F]):
         return decorator
 
     def unregister(self, name: str) -> F:
-        """Remove ``name`` and return its function (tests and notebooks that re-register)."""
+        """Remove ``name`` (or a checked import path) and return its function (tests and notebooks that re-register or
+        edit the module: the path is imported again by the next :meth:`check`)."""
+        if name in self._imported:
+            return self._imported.pop(name)
         function = self[name]
         del self._functions[name]
         del self._attributes[name]
@@ -111,33 +184,79 @@ class Registry(Generic[F]):
         return tuple(self._functions)
 
     def attributes(self, name: str) -> dict[str, Any]:
-        """The attributes ``name`` was registered with (a copy)."""
-        self[name]
-        return dict(self._attributes[name])
+        """The attributes ``name`` was registered with (a copy); an import path has those of the name its function is
+        also registered under, else none."""
+        return self._attributes_of(name, self[name])
 
-    def check(self, setting: str, value: Any) -> str:
-        """Return ``value`` if it is a registered name, else raise naming ``setting``, the value and the names.
+    def _attributes_of(self, name: str, function: Any) -> dict[str, Any]:
+        if name not in self._functions:  # an import path: the attributes of a name the same function has, if any
+            name = next((known for known, f in self._functions.items() if f is function), name)
+        return dict(self._attributes.get(name, {}))
+
+    def check(self, setting: str, value: Any, *, importer: Callable[[str, str], Any] | None = None) -> str:
+        """Return ``value`` if it names a function of this registry, else raise naming ``setting`` and the value.
+
+        A registered name is checked against :attr:`call`; an import path ``pkg.module:function`` is imported the first
+        time (by ``importer(value, setting)``, default :func:`import_path_object`) and checked too.
 
         Raises:
-            UnknownNameError: ``value`` is not registered.
+            UnknownNameError: ``value`` is neither a registered name nor an import path (the message lists the names).
+            ValueError: the function cannot be imported, or cannot be called as the training step calls it.
         """
-        if not isinstance(value, str) or value not in self._functions:
+        if isinstance(value, str) and value in self._functions:
+            self.check_call(setting, value)
+        elif is_import_path(value) and value not in self._imported:
+            function = (importer or import_path_object)(value, setting)
+            self._check_signature(setting, value, function)
+            self._imported[value] = function
+        elif not is_import_path(value):
             raise UnknownNameError(
-                f"{setting} must be a registered {self.kind}, one of {self.names()}, got {value!r}{self._hint}"
+                f"{setting} must be a registered {self.kind}, one of {self.names()}, or {IMPORT_PATH_FORM}, "
+                f"got {value!r}{self._hint}"
             )
         return value
+
+    def check_call(self, setting: str, name: str) -> None:
+        """Refuse the function ``name`` (a registered name or a checked import path) if the training step cannot call
+        it as :attr:`call` describes, with one line naming ``setting`` and ``name``."""
+        self._check_signature(setting, name, self[name])
+
+    def _check_signature(self, setting: str, value: str, function: Any) -> None:
+        if not callable(function):
+            raise ValueError(f"{setting}={value!r} must name a function, got {type(function).__name__} {function!r}")
+        if self.call is None:
+            return
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):  # a callable without a readable signature (a builtin): cannot be checked
+            return
+        attributes = self._attributes_of(value, function)
+        try:
+            signature.bind(*self.call.positional, **dict.fromkeys(self.call.keywords_for(attributes)))
+        except TypeError as err:
+            raise ValueError(
+                f"{setting}={value!r} cannot take the {self.kind} call {self.call.describe(attributes)}: {err}"
+            ) from None
 
     @property
     def _hint(self) -> str:
         return f" (add one with @lit_entropy.functional.register_{self.kind.replace(' ', '_')}(name))"
 
     def __getitem__(self, name: str) -> F:
-        if name not in self._functions:
-            raise UnknownNameError(f"no {self.kind} is registered as {name!r}; registered: {self.names()}{self._hint}")
-        return self._functions[name]
+        if name in self._functions:
+            return self._functions[name]
+        if name in self._imported:
+            return self._imported[name]
+        if is_import_path(name):  # settings checked in another process (a spawned worker): import it here too
+            self.check(self.kind, name)
+            return self._imported[name]
+        raise UnknownNameError(
+            f"no {self.kind} is registered as {name!r}; registered: {self.names()}, or give {IMPORT_PATH_FORM}"
+            f"{self._hint}"
+        )
 
     def __contains__(self, name: object) -> bool:
-        return name in self._functions
+        return name in self._functions or name in self._imported
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._functions)
@@ -149,10 +268,35 @@ class Registry(Generic[F]):
         return f"Registry({self.kind!r}, names={self.names()})"
 
 
-POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Any]]] = Registry("policy loss")
+POLICY_LOSS_CALL = ExpectedCall(
+    positional=("logprobs", "old_logprobs", "advantages", "mask"),
+    keywords=(
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "clip_ratio_c",
+        "loss_agg_mode",
+        "normalizer",
+        "loss_scale_factor",
+        "response_mask",
+    ),
+)
+"""How ``step.loss.update_loss`` calls a policy loss (``token_weights`` too with the rollout correction on, checked by
+:func:`policy_loss_takes_token_weights`)."""
+
+ADVANTAGE_ESTIMATOR_CALL = ExpectedCall(
+    positional=("token_rewards", "mask"),
+    keywords=("group_size", "values", "scale"),
+    keywords_when={"needs_values": ("gamma", "lam", "whiten_advantages")},
+)
+"""How ``step.experience.token_advantages`` calls an advantage estimator (``model.ppo``'s options too for one that
+needs a critic's values: it runs under PPO only)."""
+
+POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Any]]] = Registry("policy loss", POLICY_LOSS_CALL)
 """Policy losses by name (``model.loss.policy_loss``); see the module docstring for the signature."""
 
-ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Registry(
+    "advantage estimator", ADVANTAGE_ESTIMATOR_CALL
+)
 """Advantage estimators by name (``model.advantages.estimator``); see the module docstring for the signature."""
 
 

@@ -1,5 +1,6 @@
 """Registering a policy loss or an advantage estimator makes its name valid in the settings, listed by ``--help``
-and named by the error that refuses an unknown name, with no second edit."""
+and named by the error that refuses an unknown name, with no second edit; an import path ``pkg.module:function``
+names a function of the user's module without a launcher (imported from the working directory, checked at setup)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def test_unregistered_names_are_refused_with_the_key_the_value_and_the_registere
     message = str(loss_error.value)
     assert POLICY_LOSSES.names()[-1] == LOSS
     assert message.startswith(
-        f"model.loss.policy_loss must be a registered policy loss, one of {POLICY_LOSSES.names()}"
+        f"model.loss.policy_loss must be a registered policy loss, one of {POLICY_LOSSES.names()}, or an import path "
+        "'pkg.module:function', got 'nope'"
     )
     assert message.endswith("got 'nope' (add one with @lit_entropy.functional.register_policy_loss(name))")
     with pytest.raises(ValueError, match=rf"model.advantages.estimator must be .*'{ESTIMATOR}'.*got 'nope'"):
@@ -60,7 +62,7 @@ def test_unregistered_names_are_refused_with_the_key_the_value_and_the_registere
     try:  # unregistered again: refused again
         with pytest.raises(ValueError) as again:
             RFTSettings.build(loss={"policy_loss": LOSS})
-        assert LOSS not in POLICY_LOSSES.names() and f"one of {POLICY_LOSSES.names()}, got '{LOSS}'" in str(again.value)
+        assert LOSS not in POLICY_LOSSES.names() and f"one of {POLICY_LOSSES.names()}, or an" in str(again.value)
     finally:
         register_policy_loss(LOSS)(ppo_policy_loss)
 
@@ -99,6 +101,78 @@ def test_the_cli_accepts_a_registered_name_and_refuses_others_in_one_line(
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
     assert err == [
         "lit-entropy: error: model.advantages.estimator must be a registered advantage estimator, one of "
-        f"{ADVANTAGE_ESTIMATORS.names()}, got 'nope' (add one with "
+        f"{ADVANTAGE_ESTIMATORS.names()}, or an import path 'pkg.module:function', got 'nope' (add one with "
         "@lit_entropy.functional.register_advantage_estimator(name))"
     ]
+
+
+USER_MODULE = """
+from lit_entropy.functional import ppo_policy_loss
+
+CALLS = []
+
+
+def halved_ppo(logprobs, old_logprobs, advantages, mask, **options):
+    CALLS.append(sorted(options))
+    loss, stats = ppo_policy_loss(logprobs, old_logprobs, advantages, mask, **options)
+    return 0.5 * loss, stats
+
+
+def success_estimator(token_rewards, mask, *, group_size, values=None, **extra):
+    return (token_rewards.sum(-1, keepdim=True) > 0).float() * mask, None
+
+
+def no_options(token_rewards, mask):
+    return mask.float(), None
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """``cli_user_losses.py`` in the working directory (not on ``sys.path``), as a user's file beside a config."""
+    import sys
+
+    (tmp_path / "cli_user_losses.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    yield "cli_user_losses"
+    sys.modules.pop("cli_user_losses", None)
+    for registry in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS):
+        for path in [p for p in registry._imported if p.startswith("cli_user_losses:")]:
+            registry.unregister(path)
+
+
+def test_the_cli_takes_a_loss_and_an_estimator_by_import_path_from_the_working_directory(user_module):
+    loss, estimator = f"{user_module}:halved_ppo", f"{user_module}:success_estimator"
+    argv = ["--config", str(GRPO_TINY), f"--model.loss.policy_loss={loss}", f"--model.advantages.estimator={estimator}"]
+    cli = cli_main(argv, run=False)
+    settings = cli.model.settings
+    assert (settings.loss.policy_loss, settings.advantages.estimator) == (loss, estimator)
+    assert POLICY_LOSSES[loss].__module__ == user_module and loss not in POLICY_LOSSES.names()
+
+
+def test_an_import_path_that_does_not_fit_is_refused_in_one_line_before_a_model_loads(user_module, monkeypatch, capsys):
+    import transformers
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_model)
+    for argv, message in (
+        (
+            f"--model.advantages.estimator={user_module}:no_options",
+            f"model.advantages.estimator='{user_module}:no_options' cannot take the advantage estimator call "
+            f"{ADVANTAGE_ESTIMATORS.call.describe()}: got an unexpected keyword argument 'group_size'",
+        ),
+        (
+            "--model.loss.policy_loss=no_such_module:loss",
+            "model.loss.policy_loss: no module named 'no_such_module', neither on sys.path nor in the working "
+            f"directory {Path.cwd()}; run lit-entropy from the directory that holds no_such_module.py (or the "
+            "package no_such_module/), or add that directory to PYTHONPATH, got 'no_such_module:loss'",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(GRPO_TINY), argv])
+        assert exit_info.value.code == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lit-entropy")]
+        assert err == [f"lit-entropy: error: {message}"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 import math
 import statistics
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -16,11 +18,14 @@ from lit_entropy.functional import (
     POLICY_LOSSES,
     Registry,
     UnknownNameError,
+    default_loss_agg_mode,
     estimator_needs_values,
     outcome_token_rewards,
+    policy_loss_attribute,
     register_advantage_estimator,
     register_policy_loss,
 )
+from lit_entropy.functional.registry import ExpectedCall, is_import_path
 
 POLICY_LOSS_KEYWORDS = (
     "clip_ratio_low",
@@ -70,18 +75,155 @@ def test_unknown_names_are_key_and_value_errors_listing_the_registered_names():
     with pytest.raises(KeyError) as lookup:
         registry["zz"]
     assert str(lookup.value) == (
-        "no widget is registered as 'zz'; registered: ('a', 'b') (add one with "
-        "@lit_entropy.functional.register_widget(name))"
+        "no widget is registered as 'zz'; registered: ('a', 'b'), or give an import path 'pkg.module:function' "
+        "(add one with @lit_entropy.functional.register_widget(name))"
     )
     with pytest.raises(ValueError) as setting:
         registry.check("model.thing", "zz")
     assert isinstance(setting.value, UnknownNameError)
-    assert str(setting.value).startswith("model.thing must be a registered widget, one of ('a', 'b'), got 'zz'")
+    assert str(setting.value).startswith(
+        "model.thing must be a registered widget, one of ('a', 'b'), or an import path 'pkg.module:function', got 'zz'"
+    )
     assert registry.check("model.thing", "b") == "b"
     with pytest.raises(UnknownNameError):
         registry.check("model.thing", 3)
     with pytest.raises(UnknownNameError):
         registry.unregister("zz")
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """Write ``<name>.py`` into a temporary directory on ``sys.path``; forget the module and its import paths after."""
+    written: list[str] = []
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        written.append(name)
+        return name
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+        for registry in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS):
+            for path in [p for p in registry._imported if p.startswith(f"{name}:")]:
+                registry.unregister(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("my_losses:unclipped", True),
+        ("pkg.sub.module:Class.method", True),
+        ("ppo", False),
+        (
+            "my_losses.unclipped",
+            False,
+        ),  # a dotted name is not an import path here: the colon says where the module ends
+        ("my losses:f", False),
+        (":f", False),
+        ("m:", False),
+        ("a:b:c", False),
+        (3, False),
+    ],
+)
+def test_what_reads_as_an_import_path(value, expected):
+    assert is_import_path(value) is expected
+
+
+def test_an_import_path_is_imported_once_checked_and_then_works_as_a_name(user_module):
+    module = user_module(
+        "registry_user_widgets",
+        """
+        CALLS = []
+
+        def widget(a, *, b, **extra):
+            CALLS.append((a, b))
+            return a + b
+        """,
+    )
+    registry = Registry("widget", ExpectedCall(positional=("a",), keywords=("b", "c")))
+    registry.register("builtin")(lambda a, *, b, c: a)
+    path = f"{module}:widget"
+    assert path not in registry
+    assert registry.check("model.widget", path) == path
+    assert path in registry and registry.names() == ("builtin",)  # listed names stay the registered ones
+    assert registry[path](1, b=2, c=3) == 3
+    assert sys.modules[module].CALLS == [(1, 2)]
+    assert registry.attributes(path) == {}
+    registry.unregister(path)
+    assert path not in registry
+
+
+def test_an_import_path_that_cannot_take_the_call_is_refused_in_one_line(user_module):
+    module = user_module(
+        "registry_user_bad_losses",
+        """
+        def no_mask(logprobs, old_logprobs, advantages, **extra):
+            return logprobs.sum(), None
+
+        def strict(logprobs, old_logprobs, advantages, mask, *, loss_agg_mode):
+            return logprobs.sum(), None
+
+        NOT_A_FUNCTION = 3
+        """,
+    )
+    call = POLICY_LOSSES.call.describe()
+    with pytest.raises(ValueError) as too_many:
+        POLICY_LOSSES.check("model.loss.policy_loss", f"{module}:no_mask")
+    assert str(too_many.value) == (
+        f"model.loss.policy_loss='{module}:no_mask' cannot take the policy loss call {call}: too many positional "
+        "arguments"
+    )
+    with pytest.raises(ValueError) as unexpected:
+        POLICY_LOSSES.check("model.loss.policy_loss", f"{module}:strict")
+    assert str(unexpected.value).endswith(f"{call}: got an unexpected keyword argument 'clip_ratio_low'")
+    with pytest.raises(ValueError, match=rf"='{module}:NOT_A_FUNCTION' must name a function, got int 3$"):
+        POLICY_LOSSES.check("model.loss.policy_loss", f"{module}:NOT_A_FUNCTION")
+    with pytest.raises(ValueError, match=r"^model.loss.policy_loss: cannot be imported \(AttributeError: .*'missing'"):
+        POLICY_LOSSES.check("model.loss.policy_loss", f"{module}:missing")
+    assert "\n" not in str(too_many.value) and f"{module}:strict" not in POLICY_LOSSES
+
+
+def test_an_import_path_carries_the_attributes_its_function_is_registered_with(user_module):
+    module = user_module(
+        "registry_user_registered",
+        """
+        from lit_entropy.functional import ppo_policy_loss, register_advantage_estimator, register_policy_loss
+
+        @register_policy_loss("registry_user_seq_loss", sequence_advantages=True, loss_agg_mode="seq-mean-token-sum")
+        def seq_loss(logprobs, old_logprobs, advantages, mask, **options):
+            return ppo_policy_loss(logprobs, old_logprobs, advantages, mask, **options)
+
+        @register_advantage_estimator("registry_user_critic", needs_values=True)
+        def critic(token_rewards, mask, *, group_size, values=None, scale="group"):
+            return token_rewards, values
+        """,
+    )
+    try:
+        path = f"{module}:seq_loss"
+        POLICY_LOSSES.check("model.loss.policy_loss", path)
+        assert default_loss_agg_mode(path) == "seq-mean-token-sum"
+        assert policy_loss_attribute(path, "sequence_advantages")
+        assert "registry_user_seq_loss" in POLICY_LOSSES.names()  # importing the module registered its name too
+        # A critic's estimator runs under PPO, whose options it must take: this one names none of them.
+        with pytest.raises(ValueError) as refused:
+            ADVANTAGE_ESTIMATORS.check("model.advantages.estimator", f"{module}:critic")
+        assert str(refused.value).endswith(
+            "(token_rewards, mask, *, group_size, values, scale, gamma, lam, whiten_advantages, **extra): got an "
+            "unexpected keyword argument 'gamma'"
+        )
+    finally:
+        POLICY_LOSSES.unregister("registry_user_seq_loss")
+        ADVANTAGE_ESTIMATORS.unregister("registry_user_critic")
+
+
+def test_a_lookup_imports_a_path_the_settings_checked_in_another_process(user_module):
+    module = user_module("registry_user_lazy", "def estimator(token_rewards, mask, **extra):\n    return mask, None\n")
+    path = f"{module}:estimator"
+    assert path not in ADVANTAGE_ESTIMATORS
+    assert ADVANTAGE_ESTIMATORS[path] is sys.modules[module].estimator
+    assert ADVANTAGE_ESTIMATORS.attributes(path) == {}
 
 
 def test_the_registries_and_decorators_are_exported():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import textwrap
 from pathlib import Path
 
@@ -175,13 +176,13 @@ def _readme_policy_loss_example() -> str:
     return textwrap.dedent(text[start : text.index("```\n", start)])
 
 
-def test_the_readme_policy_loss_example_registers_and_trains_by_its_setting():
-    namespace: dict[str, object] = {"__name__": "readme_policy_loss"}
-    exec(compile(_readme_policy_loss_example(), "docs/extending.md", "exec"), namespace)
+def test_the_docs_policy_loss_example_trains_by_its_import_path(tmp_path, monkeypatch):
+    # The docs' my_losses.py, under a name of its own here (another test's module cannot shadow it).
+    (tmp_path / "docs_example_losses.py").write_text(_readme_policy_loss_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "docs_example_losses:unclipped_pg"
     try:
-        settings = RFTSettings.build(
-            sampling=SamplingConfig(num_samples=2), loss=LossConfig(policy_loss="unclipped_pg")
-        )
+        settings = RFTSettings.build(sampling=SamplingConfig(num_samples=2), loss=LossConfig(policy_loss=path))
         rollout = _rollout()
         g = torch.Generator().manual_seed(0)
         old = -torch.rand(4, WIDTH, generator=g, dtype=torch.float64)
@@ -216,4 +217,5 @@ def test_the_readme_policy_loss_example_registers_and_trains_by_its_setting():
         ]
         torch.testing.assert_close(logprobs.grad, torch.tensor(expected_grad, dtype=torch.float64))
     finally:
-        POLICY_LOSSES.unregister("unclipped_pg")
+        POLICY_LOSSES.unregister(path)
+        sys.modules.pop("docs_example_losses", None)

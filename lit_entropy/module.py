@@ -18,12 +18,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
+from lit_entropy.assets import default_model_path
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
-from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TagPlan, TrainDashboard, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
+from lit_entropy.reporting.steps import trained_batches
 from lit_entropy.rewards import compute_rewards, resolve_reward_fn
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
@@ -112,7 +113,7 @@ class RFTModule(LightningModule):
         self.settings = RFTSettings.build(**groups)
         self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
-        self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path)
+        self.model_name_or_path = self.settings.policy.model_name_or_path or default_model_path()
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
@@ -244,7 +245,7 @@ class RFTModule(LightningModule):
             terms = self.update(experience)
         with self.dashboard.timer("sync"):
             self.rollout_engine.sync_weights(self.policy, self.global_step)
-        self.log_step(batch, batch_idx, experience, completions, terms)
+        self.log_step(batch, experience, completions, terms)
         self.dynamic_sampling.commit()  # last: a checkpoint from inside the step (Ctrl-C) holds the fill it found
 
     def generate(self, batch: Batch, sampling: SamplingConfig) -> RolloutBatch:
@@ -378,9 +379,7 @@ class RFTModule(LightningModule):
         self.skipped_updates.record(problem is None, problem or "", float(norm), self.global_step)
         return norm
 
-    def log_step(
-        self, batch: Batch, batch_idx: int, experience: Experience, completions: list[str], terms: dict[str, float]
-    ) -> None:
+    def log_step(self, batch: Batch, experience: Experience, completions: list[str], terms: dict[str, float]) -> None:
         """Scalars of the step (:class:`~lit_entropy.reporting.TrainDashboard`), the progress bar, and (every few steps)
         whole sample groups and the entropy histogram, at the step Lightning writes the scalars at."""
         run = self.dashboard_run()
@@ -392,7 +391,8 @@ class RFTModule(LightningModule):
             fill=self.dynamic_sampling.last,
         )  # fmt: skip
         self.dashboard.log_step(run, report)
-        due = self.dynamic_sampling.samples_due(batch_idx, self.settings.logging.log_samples_every_n_steps)
+        every = self.settings.logging.log_samples_every_n_steps  # over the run: many short epochs keep the interval
+        due = self.dynamic_sampling.samples_due(trained_batches(self.trainer), every)
         if due and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
             n, step = self.settings.logging.num_logged_samples, logger_step(self.trainer)
             log_samples(self.logger.experiment, step, experience, batch, completions, n)

@@ -47,9 +47,9 @@ class TrainedAnswers(RFTModule):
 
     trained: list[list[str]]
 
-    def log_step(self, batch, batch_idx, experience, completions, terms) -> None:
+    def log_step(self, batch, experience, completions, terms) -> None:
         self.trained.append(list(batch["answers"]))
-        super().log_step(batch, batch_idx, experience, completions, terms)
+        super().log_step(batch, experience, completions, terms)
 
 
 class Written(Logger):

@@ -20,6 +20,7 @@ from lit_entropy.cli.export import export_main
 from lit_entropy.cli.output_paths import check_output_paths
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
+from lit_entropy.cli.preflight import apply_default_budget, check_cadences, preflight_data
 from lit_entropy.cli.resume import (
     deep_merge,
     explicit_changes,
@@ -51,8 +52,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
         "init_args": {"save_dir": "runs", "name": "lit_entropy", "default_hp_metric": False},
     },
 }
-#: Epochs run when the command line and the configs set no budget (Lightning's own default is 1000).
-DEFAULT_MAX_EPOCHS = 3
 
 _DESCRIPTION = "lit_entropy: reinforcement fine-tuning of causal language models (GRPO, PPO) with PyTorch Lightning"
 _EPILOG = (
@@ -247,10 +246,10 @@ class RFTCLI(LightningCLI):
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=True)  # not when the first checkpoint or export fails
         keep_last_checkpoint(self.trainer, fit["trainer"])
-        # Read every data file (columns, encoding, characters) before any model is loaded or validated.
-        preflight = getattr(self.datamodule, "preflight", None)
-        if callable(preflight):
-            preflight()
+        # Read every data file (columns, encoding, characters, batch size) and check the validation cadence
+        # against the batches of an epoch before any model is loaded or validated.
+        preflight_data(self.datamodule, "fit", self.trainer.world_size)
+        check_cadences(self.trainer, self.datamodule, self.trainer.world_size)
         # A resumed run validated its starting point already (and the weights are restored only inside fit).
         if fit.get("val_before_train", False) and self.trainer.limit_val_batches != 0 and not _resuming(self, fit):
             # Without a terminal ConsoleMetrics prints these values on the step-0 line; a terminal gets the table.
@@ -260,11 +259,13 @@ class RFTCLI(LightningCLI):
     def before_validate(self) -> None:
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=False)
+        preflight_data(self.datamodule, "validate", self.trainer.world_size)
         quiet_checkpoint_restore()
 
     def before_test(self) -> None:
         check_model_paths(self.model)
         check_output_paths(self.trainer, self.model, fit=False)
+        preflight_data(self.datamodule, "test", self.trainer.world_size)
         quiet_checkpoint_restore()
 
 
@@ -306,7 +307,6 @@ def quiet_checkpoint_restore() -> None:
 
 def check_model_paths(model: Any) -> None:
     """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
-    from lit_entropy.models.packaged import is_packaged_name
     from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
     try:
@@ -315,7 +315,7 @@ def check_model_paths(model: Any) -> None:
             check_model_dir(path, MODEL_PATH_SETTING)
         ppo = model.settings.ppo if hasattr(model, "settings") else None
         critic = ppo.critic_model_name_or_path if ppo is not None else None
-        if critic is not None and not is_packaged_name(critic):
+        if critic is not None:
             check_model_dir(critic, "model.ppo.critic_model_name_or_path")
     except ValueError as err:
         raise SettingsError(str(err)) from err
@@ -380,17 +380,6 @@ def add_safety_arguments(parser: Any) -> None:
         default=False,
         help="fit --ckpt_path: accept model/data settings that differ from the checkpoint's (listed in a warning)",
     )
-
-
-def apply_default_budget(trainer_config: Any) -> None:
-    """Give a run without any budget (no max_epochs, max_steps or max_time) ``DEFAULT_MAX_EPOCHS`` epochs."""
-    max_steps = trainer_config.get("max_steps")
-    if (
-        trainer_config.get("max_epochs") is None
-        and (max_steps is None or max_steps == -1)
-        and trainer_config.get("max_time") is None
-    ):
-        trainer_config["max_epochs"] = DEFAULT_MAX_EPOCHS
 
 
 def check_manual_optimization(trainer_config: Any) -> None:

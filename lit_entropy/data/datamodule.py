@@ -12,7 +12,6 @@ beside it: :mod:`~lit_entropy.data.reading` (sources and fields), :mod:`~lit_ent
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -268,27 +267,50 @@ class PromptDataModule(LightningDataModule):
         if stage in (None, "fit"):
             if self._train_data is None:
                 self._train_data = self._build("train")
-            world_size = self.trainer.world_size if self.trainer is not None else 1
-            per_rank = math.ceil(len(self._train_data) / world_size)
-            if per_rank < self.batch_size:
-                raise ValueError(
-                    f"batch_size={self.batch_size} exceeds the {per_rank} training prompts per rank "
-                    f"({len(self._train_data)} prompts over {world_size} ranks); with drop_last=True no batch is left"
-                )
+            self._check_batch_fits(self.trainer.world_size if self.trainer is not None else 1)
         if stage in (None, "fit", "validate", "test") and self.val_dataset is not None and self._val_data is None:
             self._val_data = self._build("val")
 
-    def preflight(self) -> None:
-        """Load, render and tokenize every configured source now (no model needed).
+    def preflight(self, stage: str = "fit", world_size: int = 1) -> None:
+        """Load, render and tokenize every source ``stage`` reads now (no model needed); for ``"fit"`` also check
+        that one training batch per rank fits.
 
-        ``lit-entropy fit`` calls it before the validation pass that precedes training, so that a bad
-        training file (missing columns, encoding, characters the tokenizer cannot encode) is reported
-        before any model is loaded or any validation runs.
+        ``lit-entropy`` calls it before any model is loaded or any validation runs, so that a bad data file
+        (missing columns, encoding, characters the tokenizer cannot encode, too few rows for a batch) is
+        reported first, in one line.
+
+        Args:
+            stage: ``"fit"`` (training and validation data) or ``"validate"`` / ``"test"`` (validation data).
+            world_size: Data-parallel ranks the training batches are spread over.
         """
-        if self._train_data is None:
-            self._train_data = self._build("train")
+        if stage == "fit":
+            if self._train_data is None:
+                self._train_data = self._build("train")
+            self._check_batch_fits(world_size)
         if self.val_dataset is not None and self._val_data is None:
             self._val_data = self._build("val")
+
+    def train_batches_per_epoch(self, world_size: int = 1) -> int:
+        """Training batches each rank draws per pass over the data (``drop_last``: incomplete batches dropped)."""
+        return self._prompts_per_rank(world_size) // self.batch_size
+
+    def _prompts_per_rank(self, world_size: int) -> int:
+        """Training prompts each rank draws per pass (the sampler drops the tail that does not divide evenly)."""
+        if self._train_data is None:
+            raise ValueError("the training data is not built yet: call preflight() or setup('fit') first")
+        return len(ResumableDistributedSampler(self._train_data, num_replicas=world_size, drop_last=True))
+
+    def _check_batch_fits(self, world_size: int) -> None:
+        """Refuse a ``batch_size`` larger than one rank's share of the training prompts (no batch would be left)."""
+        assert self._train_data is not None
+        per_rank = self._prompts_per_rank(world_size)
+        if per_rank < self.batch_size:
+            spread = "" if world_size == 1 else f" per rank ({len(self._train_data)} prompts over {world_size} ranks)"
+            raise ValueError(
+                f"batch_size={self.batch_size} exceeds the {per_rank} training prompts{spread} of "
+                f"train_dataset={self.train_dataset!r}: no full batch is left (incomplete batches are dropped); "
+                f"set batch_size to at most {per_rank} or add rows"
+            )
 
     def train_dataloader(self) -> DataLoader:
         """Training prompts, shuffled from ``seed``, this data-parallel rank's share; resumable mid-epoch.
@@ -379,8 +401,15 @@ class PromptDataModule(LightningDataModule):
         assert spec is not None
         table, (prompt_setting, prompt_key), (answer_setting, answer_key) = self._read(role, setting, spec)
         where = f"{setting}={spec!r}"
-        raw_prompts = reading.extract_field(table, prompt_setting, prompt_key, where)
-        raw_answers = reading.extract_field(table, answer_setting, answer_key, where)
+        fields = {prompt_setting: prompt_key, answer_setting: answer_key}
+        if self.class_key is not None and spec != ARITHMETIC_DATASET:
+            fields["class_key"] = self.class_key
+
+        def others(setting: str) -> dict[str, str]:  # the fields the other settings read: not suggested for this one
+            return {name: key for name, key in fields.items() if name != setting}
+
+        raw_prompts = reading.extract_field(table, prompt_setting, prompt_key, where, others(prompt_setting))
+        raw_answers = reading.extract_field(table, answer_setting, answer_key, where, others(answer_setting))
         answers = [answer_text(value, answer_setting, answer_key, row, where) for row, value in enumerate(raw_answers)]
         renderer = PromptRenderer(
             self.tokenizer,
@@ -394,7 +423,8 @@ class PromptDataModule(LightningDataModule):
         ]
         classes = None
         if self.class_key is not None and spec != ARITHMETIC_DATASET:
-            classes = [str(value) for value in reading.extract_field(table, "class_key", self.class_key, where)]
+            read = reading.extract_field(table, "class_key", self.class_key, where, others("class_key"))
+            classes = [str(value) for value in read]
         input_ids = tokenizing.encode_prompts(self.tokenizer, prompts, self.apply_chat_template)
         tokenizing.check_unknown_tokens(
             self.tokenizer, prompts, where, spec, self.tokenizer_name_or_path, self.prompt_template

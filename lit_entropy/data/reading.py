@@ -150,22 +150,41 @@ def source_line(spec: str, row: int) -> int | None:
     return starts[row] if row < len(starts) else None
 
 
-def extract_field(table: Any, setting: str, key: str, where: str) -> list[Any]:
+def extract_field(table: Any, setting: str, key: str, where: str, used: Mapping[str, str] | None = None) -> list[Any]:
     """Values of field ``key`` (a dotted path through dicts and lists) for every row of a ``datasets.Dataset``.
 
-    A column whose own name contains dots wins over the path reading.
+    A column whose own name contains dots wins over the path reading. ``used`` maps the other settings that
+    read this table to their keys: a missing column's hint suggests only columns none of them reads.
     """
     columns = table.column_names
     if key in columns:
         return list(table[key])
     head, *rest = key.split(".")
     if head not in columns:
-        import difflib
-
-        close = difflib.get_close_matches(head, columns, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{setting}={key!r} is not a column of {where} (available columns: {columns}){hint}")
+        raise ValueError(
+            f"{setting}={key!r} is not a column of {where} (available columns: {columns}){_hint(head, columns, used)}"
+        )
     return [_walk(value, setting, key, head, rest, row, where) for row, value in enumerate(table[head])]
+
+
+def _hint(name: str, columns: list[str], used: Mapping[str, str] | None) -> str:
+    """``; did you mean 'x'?`` among the columns no other setting reads (the only such column when none is close)."""
+    import difflib
+
+    taken = {column for column in columns for other in (used or {}).values() if _reads(other, column)}
+    free = [column for column in columns if column not in taken]
+    close = difflib.get_close_matches(name, free, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    if len(free) == 1 and taken:
+        readers = ", ".join(f"{setting}={key!r}" for setting, key in (used or {}).items() if _reads(key, *taken))
+        return f"; did you mean {free[0]!r} (the only column not read by {readers})?"
+    return ""
+
+
+def _reads(key: str, *columns: str) -> bool:
+    """Whether the field ``key`` reads one of ``columns`` (the column itself, or a dotted path below it)."""
+    return any(key == column or key.startswith(column + ".") for column in columns)
 
 
 def _walk(value: Any, setting: str, key: str, head: str, rest: list[str], row: int, where: str) -> Any:

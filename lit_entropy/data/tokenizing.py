@@ -20,11 +20,9 @@ def load_tokenizer(name_or_path: str | None, train_dataset: str, val_dataset: st
     if name_or_path is not None:
         from transformers import AutoTokenizer
 
-        from lit_entropy.models.packaged import resolve_model_path
         from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
         setting = f"tokenizer_name_or_path (lit-entropy: {MODEL_PATH_SETTING})"
-        name_or_path = resolve_model_path(name_or_path, setting)
         check_model_dir(name_or_path, setting, require_weights=False)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
@@ -93,7 +91,12 @@ def check_unknown_tokens(
 
         fix = f"the embedded character tokenizer knows only {ARITHMETIC_ALPHABET!r}"
     else:
-        fix = f"use a model whose tokenizer covers them (tokenizer_name_or_path={tokenizer_name_or_path!r})"
+        from lit_entropy.models.paths import MODEL_PATH_SETTING
+
+        fix = (
+            f"use a model whose tokenizer covers them (tokenizer_name_or_path={tokenizer_name_or_path!r}; "
+            f"lit-entropy: {MODEL_PATH_SETTING})"
+        )
     in_template = prompt_template is not None and any(c in prompt_template for c in chars)
     template = " (some come from prompt_template)" if in_template else ""
     raise ValueError(

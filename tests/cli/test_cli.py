@@ -154,7 +154,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
     [
         (["--model.sampling.num_samples=1"], r"model.sampling.num_samples must be >= 2 for grpo, got 1"),
         (["--model.evaluation.pass_k=[16]"], r"model.evaluation.pass_k \(K=8\) must be an integer in \[1, 8\], got 16"),
-        (["--model.reward.fn=no_such_pkg.mod:fn"], r"model.reward.fn: cannot be imported.*got 'no_such_pkg.mod:fn'"),
+        (["--model.reward.fn=no_such_pkg.mod:fn"], r"model.reward.fn: no module named 'no_such_pkg.mod'"),
         (["--model.loss.clip_ratio_low=1.5"], r"model.loss.clip_ratio_low must be a number in \[0, 1\), got 1.5"),
         (["--model.loss.kl_type=k4"], r"model.loss.kl_type must be one of \('k1', 'kl'.*got 'k4'"),
         (
@@ -301,7 +301,7 @@ def test_a_command_builds_only_its_own_settings_parser(capsys, tmp_path, monkeyp
 
 
 def test_fit_without_a_config_has_a_sane_budget(tmp_path, monkeypatch):
-    from lit_entropy.cli.app import DEFAULT_MAX_EPOCHS
+    from lit_entropy.cli.preflight import DEFAULT_MAX_EPOCHS
 
     monkeypatch.chdir(tmp_path)
     assert cli_main([], run=False).trainer.max_epochs == DEFAULT_MAX_EPOCHS == 3  # not Lightning's 1000

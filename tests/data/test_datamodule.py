@@ -562,7 +562,7 @@ def test_empty_dataset_and_unknown_split(tmp_path: Path, aime_json: str, monkeyp
 
 def test_batch_size_larger_than_data(tmp_path: Path, aime_json: str) -> None:
     dm = make_dm(tmp_path, make_tokenizer(), train_dataset=aime_json, val_dataset=None, prompt_key="problem")
-    with pytest.raises(ValueError, match=r"batch_size=8 exceeds the 2 training prompts per rank"):
+    with pytest.raises(ValueError, match=r"batch_size=8 exceeds the 2 training prompts of train_dataset='.*': no full"):
         dm.setup("fit")
 
 

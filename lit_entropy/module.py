@@ -18,10 +18,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
-from lit_entropy.assets import default_model_path
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
+from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TagPlan, TrainDashboard, log_samples
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.reporting.steps import trained_batches
@@ -113,7 +113,7 @@ class RFTModule(LightningModule):
         self.settings = RFTSettings.build(**groups)
         self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
-        self.model_name_or_path = self.settings.policy.model_name_or_path or default_model_path()
+        self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)

@@ -98,7 +98,7 @@ class PolicyConfig:
     """The policy model and how its forward pass runs."""
 
     model_name_or_path: str | None = None
-    """Local directory (or hub id) of the policy; null = the embedded tiny model."""
+    """Local dir or hub id of the policy, a packaged name (``smollm2-135m-instruct``), or null = the embedded one."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     """dtype the weights are loaded in (``auto`` = the checkpoint's)."""
     gradient_checkpointing: bool = False

@@ -307,6 +307,7 @@ def quiet_checkpoint_restore() -> None:
 
 def check_model_paths(model: Any) -> None:
     """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
+    from lit_entropy.models.packaged import is_packaged_name
     from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
     try:
@@ -315,7 +316,7 @@ def check_model_paths(model: Any) -> None:
             check_model_dir(path, MODEL_PATH_SETTING)
         ppo = model.settings.ppo if hasattr(model, "settings") else None
         critic = ppo.critic_model_name_or_path if ppo is not None else None
-        if critic is not None:
+        if critic is not None and not is_packaged_name(critic):
             check_model_dir(critic, "model.ppo.critic_model_name_or_path")
     except ValueError as err:
         raise SettingsError(str(err)) from err

@@ -20,9 +20,11 @@ def load_tokenizer(name_or_path: str | None, train_dataset: str, val_dataset: st
     if name_or_path is not None:
         from transformers import AutoTokenizer
 
+        from lit_entropy.models.packaged import resolve_model_path
         from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
         setting = f"tokenizer_name_or_path (lit-entropy: {MODEL_PATH_SETTING})"
+        name_or_path = resolve_model_path(name_or_path, setting)
         check_model_dir(name_or_path, setting, require_weights=False)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:

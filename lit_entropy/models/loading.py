@@ -23,9 +23,10 @@ def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
     """
     from transformers import AutoModelForCausalLM
 
+    from lit_entropy.models.packaged import resolve_model_path
     from lit_entropy.models.paths import check_model_dir
 
-    check_model_dir(path, setting)
+    path = check_model_dir(resolve_model_path(path, setting), setting)
     if dtype == "float16" and not torch.cuda.is_available():
         raise ValueError(
             f"model.policy.dtype='float16' cannot run on this CPU-only machine (half-precision matmuls are not "

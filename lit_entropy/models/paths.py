@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from lit_entropy.models.packaged import packaged_names_line
+
 __all__ = ["LFS_POINTER_PREFIX", "MODEL_PATH_SETTING", "check_model_dir", "is_lfs_pointer"]
 
 #: The user-facing setting of the policy's path (the lit-entropy command line / config key).
@@ -61,7 +63,8 @@ def check_model_dir(path: str | os.PathLike, setting: str = MODEL_PATH_SETTING, 
         if looks_local or local.parent.is_dir() and local.parent != Path("."):
             raise ValueError(
                 f"{where} does not exist (resolved to {local.resolve()}); give the directory of a Hugging Face "
-                "model (with config.json and weights) or a Hub repo id like 'Qwen/Qwen2.5-7B-Instruct'"
+                "model (with config.json and weights), a Hub repo id like 'Qwen/Qwen2.5-7B-Instruct' or a packaged "
+                f"name: {packaged_names_line()}"
             )
         return text  # a Hub repo id
     if local.is_file():

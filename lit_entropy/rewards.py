@@ -222,6 +222,7 @@ def last_boxed_content(text: str) -> str | None:
 def _math_verify_api() -> tuple[Callable[..., Any], Callable[..., Any], str | None, str | None, type[BaseException]]:
     """``parse``, ``verify``, the names of their timeout arguments and the timeout exception of math_verify."""
     try:
+        # deferred: math-verify (sympy) takes seconds to import; only the math_verify reward needs it
         from math_verify import parse, verify
     except ImportError as err:
         raise ImportError(

@@ -10,7 +10,9 @@ callback itself (``RFTModule.configure_callbacks``).
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -311,8 +314,6 @@ def _refresh_last_checkpoints(trainer: Trainer) -> None:
     ``max_steps`` run that stops between two of them would otherwise keep an older ``last.ckpt`` than the
     final weights (which ``fit`` exports). Collective: every rank runs it.
     """
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.dirpath is None:
             continue
@@ -326,9 +327,6 @@ def _refresh_last_checkpoints(trainer: Trainer) -> None:
 
 def _slurm_requeue() -> None:
     """``scontrol requeue <job>`` as Lightning's SLURM handler does (array jobs as ``<job>_<task>``)."""
-    import re
-    import subprocess
-
     array_job = os.getenv("SLURM_ARRAY_JOB_ID")
     job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID", "")
     if not re.fullmatch(r"[0-9_]+", job):

@@ -7,9 +7,13 @@ Every error names the setting (``train_dataset``, ``val_split``, ``prompt_key``,
 
 from __future__ import annotations
 
+import csv
+import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lit_entropy.data.arithmetic import make_arithmetic_examples
 
 __all__ = [
     "ARITHMETIC_DATASET",
@@ -40,9 +44,8 @@ def is_local(spec: str) -> bool:
 def load_arithmetic(split: str, count: int, count_setting: str, seed: int, options: Mapping[str, Any]) -> Any:
     """``count`` problems of the embedded task's ``split`` ("train" / "validation") as a ``datasets.Dataset``
     with ``prompt`` / ``answer`` columns; ``options`` are extra ``make_arithmetic_examples`` arguments."""
+    # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
-
-    from lit_entropy.data.arithmetic import make_arithmetic_examples
 
     try:
         rows = make_arithmetic_examples(split, count, seed=seed, **options)
@@ -72,6 +75,7 @@ def load_table(
 def load_local(setting: str, spec: str, split_setting: str, split: str, cache_dir: str | None) -> Any:
     """Split ``split`` of a local file (one of :data:`BUILDERS`, loaded as split "train"), a directory of data
     files (splits from the file names) or a ``save_to_disk`` directory."""
+    # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
 
     path = Path(spec).expanduser()
@@ -105,6 +109,7 @@ def load_local(setting: str, spec: str, split_setting: str, split: str, cache_di
 
 def load_hub(setting: str, spec: str, split_setting: str, split: str, cache_dir: str | None) -> Any:
     """Split ``split`` of the Hub dataset ``spec`` (downloaded once into ``cache_dir``)."""
+    # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
 
     try:
@@ -139,8 +144,6 @@ def source_line(spec: str, row: int) -> int | None:
         if suffix == ".jsonl":
             starts = [number for number, line in enumerate(handle, start=1) if line.strip()]
         else:
-            import csv
-
             reader = csv.reader(handle)
             starts, previous = [], 0
             for _ in reader:
@@ -169,8 +172,6 @@ def extract_field(table: Any, setting: str, key: str, where: str, used: Mapping[
 
 def _hint(name: str, columns: list[str], used: Mapping[str, str] | None) -> str:
     """``; did you mean 'x'?`` among the columns no other setting reads (the only such column when none is close)."""
-    import difflib
-
     taken = {column for column in columns for other in (used or {}).values() if _reads(other, column)}
     free = [column for column in columns if column not in taken]
     close = difflib.get_close_matches(name, free, n=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lit_entropy.data.arithmetic import ARITHMETIC_ALPHABET
 from lit_entropy.data.reading import ARITHMETIC_DATASET, source_line
 from lit_entropy.data.rendering import short
 
@@ -18,6 +19,7 @@ def load_tokenizer(name_or_path: str | None, train_dataset: str, val_dataset: st
     """The data's tokenizer: ``AutoTokenizer.from_pretrained(name_or_path)`` (left padding, pad token falling
     back to eos), or the embedded character tokenizer when both sources are the ``"arithmetic"`` task."""
     if name_or_path is not None:
+        # deferred: transformers and lit_entropy.models (torch) take seconds; lit_entropy.data imports without them
         from transformers import AutoTokenizer
 
         from lit_entropy.models.packaged import resolve_model_path
@@ -32,9 +34,11 @@ def load_tokenizer(name_or_path: str | None, train_dataset: str, val_dataset: st
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
     if train_dataset == ARITHMETIC_DATASET and val_dataset in (ARITHMETIC_DATASET, None):
+        # deferred: the character tokenizer imports transformers and tokenizers (~2 s)
         from lit_entropy.data.char_tokenizer import build_char_tokenizer
 
         return build_char_tokenizer()
+    # deferred: lit_entropy.models imports torch (~1 s); lit_entropy.data imports without it
     from lit_entropy.models.paths import MODEL_PATH_SETTING
 
     raise ValueError(
@@ -89,8 +93,6 @@ def check_unknown_tokens(
     line = source_line(spec, row)
     at = f"row {row}" + (f" (line {line} of {spec})" if line is not None else "")
     if tokenizer_name_or_path is None:  # the embedded character tokenizer
-        from lit_entropy.data.arithmetic import ARITHMETIC_ALPHABET
-
         fix = f"the embedded character tokenizer knows only {ARITHMETIC_ALPHABET!r}"
     else:
         from lit_entropy.models.paths import MODEL_PATH_SETTING

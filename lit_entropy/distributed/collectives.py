@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from lit_entropy.functional.selection import TopKCut, kth_largest, local_top_scores, tie_counts
 
@@ -104,7 +105,5 @@ def unshard_root(model: torch.nn.Module) -> None:
     A forward whose graph is kept for later needs this before its backward when another backward ran in between:
     that backward ends by resharding them, and the blockwise vocabulary pass, which reads the LM head outside the
     model's forward, would find its storage freed (the model's own pre-backward hooks gather only after it)."""
-    from torch.distributed.fsdp import FSDPModule
-
     if isinstance(model, FSDPModule):
         model.unshard()

@@ -10,6 +10,7 @@ unit and frozen and trainable parameters never share one. The PPO value head is 
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,8 +19,11 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.constants import default_pg_timeout
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from lit_entropy.checkpointing.atomic_io import remove_stale_temporaries, swap_directory_in, temporary_name
 from lit_entropy.internals.lightning import set_data_parallel_size
 from lit_entropy.internals.transformers import decoder_layer_class_names, mark_fsdp_managed
 
@@ -67,7 +71,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         temp directory, which rank 0 then swaps in, so a crash mid-write leaves the previous checkpoint whole."""
         if not self.save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from lit_entropy.checkpointing.atomic_io import remove_stale_temporaries, swap_directory_in, temporary_name
 
         path = Path(self.broadcast(filepath))
         tmp = path.parent / self.broadcast(temporary_name())  # the same name on every rank
@@ -122,15 +125,11 @@ def shard_models(module: Any, mesh: Any, param_dtype: str | None = None) -> None
             in forward/backward (gradients are reduced in float32; the sharded master weights keep their
             dtype). None = no mixed precision.
     """
-    import warnings
-
     # torch warns on every rank, at every forward, that a sharded layer "returned a view tensor" whose in-place
     # modification would skip the all-gather. Qwen2 (the models lit_entropy is tested with) and lit_entropy
     # only use their outputs out of place; tests/distributed/test_fsdp2.py checks two ranks' training against
     # one process. Nothing for a user to act on.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
-
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if "tensor_parallel" in names and mesh["tensor_parallel"].size() != 1:
@@ -162,8 +161,6 @@ def shard_models(module: Any, mesh: Any, param_dtype: str | None = None) -> None
 
 def unwrapped_class(model: nn.Module) -> type:
     """The model's own class (``fully_shard`` swaps in a dynamic ``FSDP<Name>`` subclass)."""
-    from torch.distributed.fsdp import FSDPModule
-
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
@@ -172,10 +169,6 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Without FSDP2 it is the plain state dict on CPU.
     """
-    from torch.distributed.fsdp import FSDPModule
-
     if isinstance(model, FSDPModule):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}

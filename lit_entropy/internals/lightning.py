@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 __all__ = [
     "LOGGER_STEP_KEY",
@@ -131,8 +132,6 @@ def hpc_resume_path_in(directory: str | Path) -> Path | None:
 
     :func:`hpc_resume_path` without a Trainer: the command line places the logger before the Trainer exists.
     """
-    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
-
     if not Path(directory).is_dir():
         return None
     newest = _CheckpointConnector._CheckpointConnector__max_ckpt_version_in_folder(str(directory), "hpc_ckpt_")

@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from lit_entropy import __version__
+from lit_entropy.models.loading import load_tokenizer
+from lit_entropy.models.lora import has_lora, lora_scalings, merged_weights, save_adapter
+
 __all__ = [
     "EXPORT_MARKER",
     "check_export_target",
@@ -96,8 +100,8 @@ def export_hf_model(
         setting: Name of the setting holding ``path``, for messages.
         merge: LoRA policy only: merge the adapters and write a plain model instead of the adapter directory.
     """
+    # deferred: lit_entropy.checkpointing imports Lightning (seconds); lit_entropy.models imports without it
     from lit_entropy.checkpointing.atomic_io import atomic_directory_replace
-    from lit_entropy.models.lora import has_lora, save_adapter
 
     target = check_export_target(path, overwrite=overwrite, setting=setting) if write else Path(path)
     state = _export_state(policy, merge)  # collective under FSDP2
@@ -118,8 +122,8 @@ def export_hf_model(
 def _export_state(policy: Any, merge: bool) -> dict[str, torch.Tensor]:
     """The full state dict to write (rank 0; collective under FSDP2): a LoRA policy's adapters merged with ``merge``,
     tied copies dropped."""
+    # deferred: lit_entropy.distributed imports Lightning (seconds); lit_entropy.models imports without it
     from lit_entropy.distributed.fsdp2 import full_state_dict
-    from lit_entropy.models.lora import has_lora, lora_scalings, merged_weights
 
     state = full_state_dict(policy)
     if merge and has_lora(policy):
@@ -135,6 +139,7 @@ def _export_state(policy: Any, merge: bool) -> dict[str, torch.Tensor]:
 
 def _save_model(policy: Any, tokenizer: Any, state: dict[str, torch.Tensor], tmp: Path) -> None:
     """``save_pretrained`` of ``state`` with the KV cache on and the unwrapped architecture name, and the tokenizer."""
+    # deferred: lit_entropy.distributed imports Lightning (seconds); lit_entropy.models imports without it
     from lit_entropy.distributed.fsdp2 import unwrapped_class
 
     config = policy.config
@@ -151,8 +156,6 @@ def _save_model(policy: Any, tokenizer: Any, state: dict[str, torch.Tensor], tmp
 
 
 def _write_marker(tmp: Path) -> None:
-    from lit_entropy import __version__
-
     marker = {"library": "lit_entropy", "version": __version__}
     (tmp / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")
 
@@ -186,6 +189,7 @@ def export_policy(
         setting: Name of the setting holding ``path``, for messages.
         merge: LoRA policy only: write a merged plain model instead of the adapter directory.
     """
+    # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
     if strategy is not None:
@@ -202,8 +206,8 @@ def export_module(module: Any, path: str | os.PathLike | None) -> str:
 
     ``path`` None: ``<log_dir>/hf_model`` of its trainer (:func:`export_policy`). Under FSDP2 every rank calls it.
     """
+    # deferred: internals.lightning imports Lightning (seconds); lit_entropy.models imports without it
     from lit_entropy.internals.lightning import attached_trainer
-    from lit_entropy.models.loading import load_tokenizer
 
     trainer = attached_trainer(module)
     if path is None and trainer is None:

@@ -9,6 +9,9 @@ import torch
 from torch import nn
 
 from lit_entropy.models.hidden_states import lm_head_params
+from lit_entropy.models.lora import apply_lora, has_lora, trainable_count
+from lit_entropy.models.packaged import resolve_model_path
+from lit_entropy.models.paths import check_model_dir
 
 __all__ = ["RFTModels", "check_context_length", "eos_token_ids", "load_causal_lm", "load_rft_models", "load_tokenizer"]
 
@@ -21,10 +24,8 @@ def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
         dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
         setting: the setting that named ``path``, for error messages.
     """
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers import AutoModelForCausalLM
-
-    from lit_entropy.models.packaged import resolve_model_path
-    from lit_entropy.models.paths import check_model_dir
 
     path = check_model_dir(resolve_model_path(path, setting), setting)
     if dtype == "float16" and not torch.cuda.is_available():
@@ -37,9 +38,8 @@ def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
 
 def load_tokenizer(path: str) -> Any:
     """The model's tokenizer, left-padding (generation appends to the right)."""
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers import AutoTokenizer
-
-    from lit_entropy.models.paths import check_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(check_model_dir(path, require_weights=False))
     tokenizer.padding_side = "left"
@@ -53,6 +53,7 @@ def eos_token_ids(path: str, tokenizer: Any) -> tuple[int, ...]:
     Both engines stop on this set and the trainer reads it (truncation, ``model.loss.mask_truncated``), so a row that
     ends on any of them counts as finished whichever engine sampled it.
     """
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers import GenerationConfig
 
     ids: list[int] = []
@@ -72,6 +73,7 @@ def _generation_config_eos(path: str, generation_config: Any) -> Any:
 
 def check_context_length(path: str, longest_prompt: int | None, max_new_tokens: int) -> None:
     """Refuse prompts plus completions longer than the model's ``max_position_embeddings``, before training."""
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers import AutoConfig
 
     context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
@@ -131,9 +133,8 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
 
 def _add_adapters(policy: nn.Module, lora: Any, kl: bool) -> None:
     """Inject ``lora`` (a :class:`~lit_entropy.settings.LoraConfig`) into ``policy``; one log line with the counts."""
+    # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
-    from lit_entropy.models.lora import apply_lora, trainable_count
 
     apply_lora(policy, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     trainable, total = trainable_count(policy)
@@ -145,9 +146,8 @@ def _add_adapters(policy: nn.Module, lora: Any, kl: bool) -> None:
 
 def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
     """One log line saying how log-probs and entropy are computed over the vocabulary."""
+    # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
-    from lit_entropy.models.lora import has_lora
 
     if blockwise and lm_head_params(policy) is not None:  # the step's blockwise path applies
         path = (

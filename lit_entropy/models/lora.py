@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 __all__ = [
@@ -53,6 +54,7 @@ def require_peft() -> Any:
         ImportError: one line naming the setting and the install command, when peft is missing.
     """
     try:
+        # optional dependency (the lora extra): imported only once LoRA is on
         import peft
     except ImportError:
         raise ImportError(PEFT_MISSING) from None
@@ -72,6 +74,7 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_mo
         ValueError: when a target is not a linear layer (only linear adapters are merged for vLLM and export).
     """
     peft = require_peft()
+    # optional dependency (the lora extra): imported only once LoRA is on
     from peft.tuners.lora import Linear as LoraLinear
 
     config = peft.LoraConfig(
@@ -91,6 +94,7 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_mo
 
 
 def _lora_layers(model: nn.Module) -> list[nn.Module]:
+    # optional dependency (the lora extra): imported only once LoRA is on
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
@@ -197,8 +201,6 @@ def save_adapter(model: nn.Module, state: dict[str, Tensor], path: Path, base_mo
         path: an existing directory.
         base_model: recorded as ``base_model_name_or_path`` (what the adapter was trained on).
     """
-    from safetensors.torch import save_file
-
     config = model.peft_config[ADAPTER_NAME]
     saved = config.to_dict()
     saved.update(base_model_name_or_path=base_model, task_type="CAUSAL_LM", inference_mode=True)

@@ -36,6 +36,7 @@ def build_qwen2(
         max_new_tokens: the generation config's length limit (None: unset).
         max_position_embeddings: context length; None = ``tokenizer.model_max_length``.
     """
+    # deferred: the Qwen2 model code takes ~1 s to import (on top of transformers); only building a model needs it
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from lit_entropy.internals.lightning import batch_step_values
@@ -42,8 +44,6 @@ class ConsoleMetrics(Callback):
         return None if self.stream is None and stream.isatty() else stream
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        from lightning.pytorch.callbacks import ModelSummary
-
         if not any(isinstance(cb, ModelSummary) for cb in trainer.callbacks):
             rank_zero_info(parameter_line(pl_module))
 
@@ -104,8 +104,6 @@ def parameter_line(module: LightningModule) -> str:
     """``lit_entropy: 298 K parameters, 298 K trainable (policy: Qwen2ForCausalLM)``: what Lightning's model summary
     table said that matters here (lit-entropy turns that table off: its FLOPs column is always 0 without an
     example input, and the rows list the module's helpers)."""
-    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
-
     params = list(module.parameters())
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)

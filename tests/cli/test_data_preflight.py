@@ -190,3 +190,27 @@ def test_a_run_of_more_steps_than_the_config_has_epochs_runs_them_all_and_keeps_
     events = EventAccumulator(str(next((tmp_path / "runs").glob("*/version_0"))), size_guidance={"tensors": 0})
     events.Reload()
     assert [event.step for event in events.Tensors("train/samples/text_summary")] == [0, 4]
+
+
+def test_a_logging_interval_longer_than_an_epoch_is_not_warned_about():
+    """Logging counts batches over the run; Lightning's warning that a short epoch logs nothing does not apply."""
+    import warnings
+    from types import SimpleNamespace
+
+    from lit_entropy.cli.preflight import check_cadences
+
+    trainer = SimpleNamespace(
+        val_check_interval=1.0, check_val_every_n_epoch=1, limit_val_batches=1.0, limit_train_batches=1.0,
+        log_every_n_steps=10,
+    )  # fmt: skip
+    data = SimpleNamespace(train_batches_per_epoch=lambda world_size: 2)
+    lightnings = (
+        "The number of training batches (2) is smaller than the logging interval Trainer(log_every_n_steps=10). Set a "
+        "lower value for log_every_n_steps if you want to see logs for the training epoch."
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_cadences(trainer, data, 1)
+        warnings.warn(lightnings, UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(warning.message) for warning in caught] == ["another warning"]

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
 from scripts.studies.statistics import Interval, bootstrap_interval
+from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
 __all__ = ["analyze", "paired_bootstrap", "per_prompt_metric", "readme_block", "replace_block"]
 

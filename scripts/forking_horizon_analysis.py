@@ -24,8 +24,8 @@ from typing import Any
 
 from forking_sod_analysis import _read, replace_block, train_summary, verdict
 
-from lit_entropy.data.forking import CLASS_PROBS, STRATEGIES
 from scripts.studies.statistics import paired_t_interval, sign_flip_test
+from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Experiment -> the files that carry its generated block, their marker names, and the block ("full": every table;

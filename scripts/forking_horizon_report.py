@@ -9,7 +9,7 @@ from typing import Any
 
 from forking_sod_report import PAPER, RULE, _f
 
-from lit_entropy.data.forking import CLASS_PROBS
+from scripts.studies.tasks.forking import CLASS_PROBS
 
 LABELS = {
     "grpo": "GRPO",

@@ -9,7 +9,7 @@ from typing import Any
 
 from forking_sod_design import DELTA, LABELS
 
-from lit_entropy.data.sum_or_difference import always_sum_share, make_sod_examples
+from scripts.studies.tasks.sum_or_difference import always_sum_share, make_sod_examples
 
 PAPER = (
     "paper (arXiv 2602.03392, Qwen2.5-7B, AIME24, one run per method): GRPO -> Clip_B Pass@32 50.00 -> 56.67 "

@@ -24,8 +24,8 @@ from forking_sod_analysis import README, ROOT, _read, curve, endpoint, replace_b
 from forking_sod_design import DELTA, LABELS, Experiment
 from forking_sod_multiplicity import corrected_verdict, family_level, holm, sign_flip_p
 
-from lit_entropy.data.sum_or_difference import always_sum_share
 from scripts.studies.statistics import paired_t_interval
+from scripts.studies.tasks.sum_or_difference import always_sum_share
 
 DOCS = ROOT / "docs" / "study.md"
 #: Experiment C's committed runs: E's ``sod-s0`` ``grpo`` / ``clip_b`` runs are the same runs at a later commit.

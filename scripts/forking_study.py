@@ -1,4 +1,4 @@
-"""Methods x RL seeds x base models on the forking-decision testbed (``lit_entropy.data.forking``).
+"""Methods x RL seeds x base models on the forking-decision testbed (``scripts.studies.tasks.forking``).
 
 Does GRPO's entropy collapse cost coverage (pass@K at large K) where a minority strategy is sometimes
 right, and does Clip_B (arXiv 2602.03392, mu = 2.5) prevent it better than controls that remove the same

@@ -1,4 +1,4 @@
-"""Build the base models of the forking-decision testbed (``lit_entropy.data.forking``).
+"""Build the base models of the forking-decision testbed (``scripts.studies.tasks.forking``).
 
 Each base model is a ~0.6M-parameter Qwen2 (4 layers, hidden 128, head_dim 64 so vLLM could serve it)
 with a character-level tokenizer, warm-started by teacher forcing:
@@ -31,29 +31,26 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.data.forking import (
+from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
+from scripts.studies.tasks.forking import (
     BASE_STRATEGY_PRIOR,
+    CHAIN_SPLITS,
     CLASS_PROBS,
     FORKING_ALPHABET,
     STRATEGIES,
+    STUDY_SPLITS,
     apply_strategy,
     make_chain_examples,
     make_forking_examples,
+    study_split,
     write_splits,
 )
-from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
 
 ROOT = Path(__file__).resolve().parent / "forking"
 FORK_SEEDS = (0, 1)
-# RL data: the train split is drawn from the task distribution (70/20/8/2); test is stratified so that
-# every class has enough prompts for per-class pass@k.
-FORK_SPLITS = {
-    "train": {"n": 4096},
-    "validation": {"class_counts": (16, 16, 16, 16)},
-    "test": {"class_counts": (16,) * 4},
-}
-CHAIN_SPLITS = {"train": 4096, "validation": 64, "test": 64}
+# RL data: the task module's study splits (train from the task distribution, validation / test stratified).
+FORK_SPLITS = STUDY_SPLITS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,12 +168,7 @@ def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, 
 
 
 def write_data(root: Path, copies: int = 4) -> None:
-    fork = {
-        split: make_forking_examples(
-            split, spec.get("n", 1), seed=0, class_counts=spec.get("class_counts"), payload_copies=copies
-        )
-        for split, spec in FORK_SPLITS.items()
-    }
+    fork = {split: study_split(split, copies) for split in FORK_SPLITS}
     write_splits(root / "data" / "forking", fork)
     if copies != 4:  # the short-execution variant has no chain task of its own
         return

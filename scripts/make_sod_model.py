@@ -1,4 +1,4 @@
-"""Build the base model and RL data of the sum-or-difference forking task (``lit_entropy.data.sum_or_difference``).
+"""Build the base model and RL data of the sum-or-difference forking task (``scripts.studies.tasks.sum_or_difference``).
 
 A tiny Qwen2 (2 layers, hidden 128, ~0.3M parameters, char tokenizer) is supervised on train-split responses
 whose strategy is ``L`` with probability ``SOD_BASE_PRIOR_L`` (0.75) *whatever the rule*, arithmetic always
@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.data.forking import write_splits
-from lit_entropy.data.sum_or_difference import (
+from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
+from scripts.studies.tasks.forking import write_splits
+from scripts.studies.tasks.sum_or_difference import (
     SOD_ALPHABET,
     SOD_BASE_PRIOR_L,
     SOD_SPLITS,
@@ -31,8 +33,6 @@ from lit_entropy.data.sum_or_difference import (
     parse_prompt,
     strategy_response,
 )
-from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
 
 MAX_NEW_TOKENS = 10  # longest response "L99+9=108" is 9 tokens, then <eos>
 

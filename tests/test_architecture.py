@@ -422,7 +422,7 @@ def test_no_library_function_over_60_lines(path):
     ("module", "absent"),
     [
         ("scripts.studies.statistics", ("torch", "lightning")),  # the studies' statistics, no framework
-        ("lit_entropy.data.forking", ("transformers", "datasets", "lightning")),  # task modules stay light
+        ("scripts.studies.tasks.forking", ("transformers", "datasets", "lightning")),  # task modules stay light
         ("lit_entropy.functional", ("lightning", "transformers")),
     ],
 )

@@ -1,8 +1,8 @@
 """Datasets and tokenizers: the prompt DataModule and the pieces it composes (``reading``, ``rendering``,
 ``tokenizing``, ``arguments``), the embedded tasks and the character tokenizer.
 
-Members that need transformers, datasets or Lightning load lazily, so that ``lit_entropy.data.forking`` and
-the other task modules import without them.
+Members that need transformers, datasets or Lightning load lazily, so that the embedded task
+(``lit_entropy.data.arithmetic``) imports without them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lit_entropy.data.reading import ARITHMETIC_DATASET, is_local
+from lit_entropy.data.reading import ARITHMETIC_DATASET, is_function, is_local, resolve_function
 
 __all__ = ["check_arguments", "check_local_source"]
 
@@ -82,8 +82,14 @@ def check_arguments(args: Mapping[str, Any]) -> None:
 
 
 def check_local_source(setting: str, spec: str | None) -> None:
-    """At construction: a local data file that is missing or empty is reported before anything loads."""
-    if spec is None or spec == ARITHMETIC_DATASET or not isinstance(spec, str) or not is_local(spec):
+    """At construction: a local data file that is missing or empty, or a ``pkg.module:function`` that does not
+    import, is reported before anything loads."""
+    if spec is None or spec == ARITHMETIC_DATASET or not isinstance(spec, str):
+        return
+    if is_function(spec):
+        resolve_function(setting, spec)
+        return
+    if not is_local(spec):
         return
     path = Path(spec).expanduser()
     if not path.exists():

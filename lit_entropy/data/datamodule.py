@@ -111,6 +111,9 @@ class PromptDataModule(LightningDataModule):
     * ``"arithmetic"``: the embedded synthetic task (``lit_entropy.data.arithmetic``), generated from
       ``seed`` without any download; train draws split ``"train"``, validation split ``"validation"``,
       and the fields are always ``prompt``/``answer`` (the key settings do not apply).
+    * ``"package.module:function"``: a Python function, imported (from the working directory too) and called
+      without arguments; it returns the rows (a list of dicts, or a ``datasets.Dataset``). The split settings
+      do not apply: name one function per split (``my_task:train_rows``, ``my_task:val_rows``).
     * a local file (``.json``, ``.jsonl``, ``.parquet``, ``.csv``), loaded with
       ``datasets.load_dataset(<builder>, data_files=path)`` into split ``"train"``; a local directory,
       loaded with ``datasets.load_dataset(dir)`` (splits inferred from the file names, e.g.
@@ -132,7 +135,8 @@ class PromptDataModule(LightningDataModule):
       chat template.
 
     Args:
-        train_dataset: ``"arithmetic"``, a local file/directory, or a Hub dataset name.
+        train_dataset: ``"arithmetic"``, ``"package.module:function"``, a local file/directory, or a Hub dataset
+            name.
         val_dataset: Same choices, or None for no validation.
         train_split: Split of ``train_dataset`` to use (local files load as ``"train"``).
         val_split: Split of ``val_dataset`` to use (local files load as ``"train"``).
@@ -253,9 +257,10 @@ class PromptDataModule(LightningDataModule):
             ("train_dataset", self.train_dataset, self.train_split),
             ("val_dataset", self.val_dataset, self.val_split),
         ):
-            if spec is not None and spec != ARITHMETIC_DATASET and not reading.is_local(spec):
-                split_setting = "train_split" if setting == "train_dataset" else "val_split"
-                reading.load_hub(setting, spec, split_setting, split, self.cache_dir)
+            if spec is None or spec == ARITHMETIC_DATASET or reading.is_function(spec) or reading.is_local(spec):
+                continue
+            split_setting = "train_split" if setting == "train_dataset" else "val_split"
+            reading.load_hub(setting, spec, split_setting, split, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         """Load, render and tokenize the prompts of the stage (once); all data errors surface here."""

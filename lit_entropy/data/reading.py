@@ -1,6 +1,6 @@
-"""Reading prompt sources into ``datasets.Dataset`` tables: the embedded ``"arithmetic"`` task, local
-json/jsonl/parquet/csv files or directories, and Hugging Face Hub datasets; plus reading one (dotted) field
-of every row.
+"""Reading prompt sources into ``datasets.Dataset`` tables: the embedded ``"arithmetic"`` task, a Python function
+(``pkg.module:function``), local json/jsonl/parquet/csv files or directories, and Hugging Face Hub datasets; plus
+reading one (dotted) field of every row.
 
 Every error names the setting (``train_dataset``, ``val_split``, ``prompt_key``, ...) and its value.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import csv
 import difflib
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,14 @@ __all__ = [
     "BUILDERS",
     "check_utf8",
     "extract_field",
+    "is_function",
     "is_local",
     "load_arithmetic",
+    "load_function",
     "load_hub",
     "load_local",
     "load_table",
+    "resolve_function",
     "source_line",
 ]
 
@@ -33,6 +37,50 @@ ARITHMETIC_DATASET = "arithmetic"
 
 #: File extension -> ``datasets`` builder name.
 BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+#: ``package.module:function`` (dotted names on both sides of one colon).
+FUNCTION_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def is_function(spec: str) -> bool:
+    """Whether ``spec`` names a Python function (``pkg.module:function``) rather than an existing path."""
+    return FUNCTION_SPEC.fullmatch(spec) is not None and not Path(spec).expanduser().exists()
+
+
+def resolve_function(setting: str, spec: str) -> Callable[[], Any]:
+    """The function ``setting=spec`` names (``pkg.module:function``, imported as a reward function is, from the
+    working directory too); a one-line error if it is not one."""
+    from lit_entropy.extensions import import_object
+
+    target = import_object(spec, setting)
+    if not callable(target):
+        raise ValueError(f"{setting}={spec!r} is a {type(target).__name__}, not a function returning rows")
+    return target
+
+
+def load_function(setting: str, spec: str) -> Any:
+    """The rows that the function ``spec`` returns when called without arguments (a list of dicts or a
+    ``datasets.Dataset``), as a ``datasets.Dataset``."""
+    import datasets
+
+    function = resolve_function(setting, spec)
+    try:
+        rows = function()
+    except Exception as err:  # the user's function failed: name it with its error, on one line
+        raise ValueError(f"{setting}={spec!r}: calling it raised {type(err).__name__}: {err}") from None
+    if isinstance(rows, datasets.Dataset):
+        return rows
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, (Sequence, Iterator)):
+        raise ValueError(
+            f"{setting}={spec!r} returned a {type(rows).__name__}; expected a list of dicts (one per row) or a "
+            "datasets.Dataset"
+        )
+    rows = list(rows)
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, Mapping)), None)
+    if bad is not None:
+        raise ValueError(f"{setting}={spec!r}: row {bad} is a {type(rows[bad]).__name__}, not a dict")
+    return datasets.Dataset.from_list([dict(row) for row in rows])
 
 
 def is_local(spec: str) -> bool:
@@ -60,8 +108,11 @@ def load_arithmetic(split: str, count: int, count_setting: str, seed: int, optio
 def load_table(
     setting: str, spec: str, split_setting: str, split: str, limit: int | None, cache_dir: str | None
 ) -> Any:
-    """The ``datasets.Dataset`` of a local or Hub source ``setting=spec``, its first ``limit`` rows (None: all)."""
-    if is_local(spec):
+    """The ``datasets.Dataset`` of a function, local or Hub source ``setting=spec``, its first ``limit`` rows (None:
+    all). A function source has no splits: ``split_setting`` does not apply to it."""
+    if is_function(spec):
+        table = load_function(setting, spec)
+    elif is_local(spec):
         table = load_local(setting, spec, split_setting, split, cache_dir)
     else:
         table = load_hub(setting, spec, split_setting, split, cache_dir)

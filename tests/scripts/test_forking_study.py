@@ -124,7 +124,7 @@ def test_exact_correct_probability_matches_sampling(temperature):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lit_entropy.data.forking import reward
+    from scripts.studies.tasks.forking import reward
 
     study = _load("forking_study")
     path = study.MODELS_DIR / "fork-s0"
@@ -168,9 +168,9 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
             cli = cli_main(study.cli_args(run, tmp_path / run.name, False), run=False)
             st = cli.model.settings
             assert cli.trainer.max_steps == 7 and cli.datamodule.seed == 3 and cli.model.policy is None
-            assert st.reward.fn == "lit_entropy.data.forking:reward" and st.loss.kl_coef == 0
+            assert st.reward.fn == "scripts.studies.tasks.forking:reward" and st.loss.kl_coef == 0
             assert st.sampling.temperature == 1.0 and st.sampling.num_samples == 8 and st.update.epochs == 1
-            from lit_entropy.data.forking import CHAIN_DIGITS, chain_sum_response
+            from scripts.studies.tasks.forking import CHAIN_DIGITS, chain_sum_response
 
             # The response, <eos>, one token of slack.
             chain_len = len(chain_sum_response("1" * CHAIN_DIGITS)) + 2

@@ -36,13 +36,21 @@ __all__ = [
     "PAYLOAD_COPIES",
     "PAYLOAD_DIGITS",
     "STRATEGIES",
+    "STUDY_SPLITS",
     "apply_strategy",
     "chain_sum_response",
+    "chain_test_rows",
+    "chain_train_rows",
     "make_chain_examples",
     "make_forking_examples",
     "reward",
+    "short_test_rows",
+    "short_train_rows",
+    "study_split",
     "split_of_payload",
     "strategy_of_key",
+    "test_rows",
+    "train_rows",
     "write_splits",
 ]
 
@@ -182,10 +190,58 @@ def make_chain_examples(split: str, n: int, seed: int = 0) -> list[dict[str, str
     return rows
 
 
+#: The studies' RL data (seed 0): the train split drawn from the task distribution (70/20/8/2), validation and test
+#: stratified so that every class has enough prompts for per-class pass@k; the chain task's split sizes.
+STUDY_SPLITS = {
+    "train": {"n": 4096},
+    "validation": {"class_counts": (16, 16, 16, 16)},
+    "test": {"class_counts": (16,) * 4},
+}
+CHAIN_SPLITS = {"train": 4096, "validation": 64, "test": 64}
+
+
+def study_split(split: str, payload_copies: int = PAYLOAD_COPIES) -> list[dict[str, str]]:
+    """The studies' rows of ``split`` (:data:`STUDY_SPLITS`), with ``payload_copies`` copies per response."""
+    spec = STUDY_SPLITS[split]
+    return make_forking_examples(
+        split, spec.get("n", 1), seed=0, class_counts=spec.get("class_counts"), payload_copies=payload_copies
+    )
+
+
+def train_rows() -> list[dict[str, str]]:
+    """The forking studies' training prompts (``data.train_dataset: scripts.studies.tasks.forking:train_rows``)."""
+    return study_split("train")
+
+
+def test_rows() -> list[dict[str, str]]:
+    """The forking studies' test prompts (16 per class), on which they evaluate."""
+    return study_split("test")
+
+
+def short_train_rows() -> list[dict[str, str]]:
+    """Training prompts of the short-execution variant (one copy of the payload per response, issue 24 B)."""
+    return study_split("train", payload_copies=1)
+
+
+def short_test_rows() -> list[dict[str, str]]:
+    """Test prompts of the short-execution variant."""
+    return study_split("test", payload_copies=1)
+
+
+def chain_train_rows() -> list[dict[str, str]]:
+    """Training prompts of the neutral chain-sum task."""
+    return make_chain_examples("train", CHAIN_SPLITS["train"], seed=0)
+
+
+def chain_test_rows() -> list[dict[str, str]]:
+    """Test prompts of the neutral chain-sum task."""
+    return make_chain_examples("test", CHAIN_SPLITS["test"], seed=0)
+
+
 def reward(completions: list[str], answers: list[str]) -> list[float]:
     """1.0 where the completion equals the (unique) correct response, else 0.0; for both tasks.
 
-    Importable as ``reward_fn: lit_entropy.data.forking:reward``.
+    Importable as ``model.reward.fn: scripts.studies.tasks.forking:reward``.
     """
     if len(completions) != len(answers):
         raise ValueError(f"completions and answers must have equal lengths, got {len(completions)}, {len(answers)}")

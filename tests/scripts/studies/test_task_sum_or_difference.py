@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_entropy.data.sum_or_difference import (
+from scripts.studies.tasks.sum_or_difference import (
     SOD_SPLITS,
     always_sum_share,
     correct_responses,

@@ -5,7 +5,7 @@ A prompt is ``"a,b?"`` with ``a`` in 0..99 and ``b`` in 0..9 (1000 problems). Th
 (difference). The rule: the difference is right when ``a`` ends in 0 or 5 (20 % of prompts), else the sum.
 So the strategy letter is a real decision (the minority strategy ``R`` is right on a fifth of the prompts)
 and the execution is arithmetic a tiny model gets wrong now and then, unlike the near-deterministic copies of
-:mod:`lit_entropy.data.forking`. Always answering ``L`` scores 0.8 at best (:func:`always_sum_share`).
+:mod:`scripts.studies.tasks.forking`. Always answering ``L`` scores 0.8 at best (:func:`always_sum_share`).
 
 **Correct responses.** A response is correct when it is one of the *canonical* correct responses of its
 prompt: ``L{a}+{b}={a+b}`` or ``R{a}-{b}={a-b}`` whose result equals the rule's answer. When ``b == 0`` both
@@ -33,6 +33,8 @@ __all__ = [
     "rule_strategy",
     "sod_problems",
     "strategy_response",
+    "test_rows",
+    "train_rows",
 ]
 
 #: Every character of a prompt or a response.
@@ -122,6 +124,16 @@ def make_sod_examples(split: str, seed: int = 0, *, prior_l: float | None = None
     return rows
 
 
+def train_rows() -> list[dict[str, str]]:
+    """The studies' training prompts (``data.train_dataset: scripts.studies.tasks.sum_or_difference:train_rows``)."""
+    return make_sod_examples("train")
+
+
+def test_rows() -> list[dict[str, str]]:
+    """The 150 test prompts the studies evaluate on."""
+    return make_sod_examples("test")
+
+
 def always_sum_share(split: str = "test") -> float:
     """Share of ``split``'s prompts that the policy "always ``L``, arithmetic right" gets right (its pass@k for
     every k): the floor a collapsed policy sits on."""
@@ -132,7 +144,7 @@ def always_sum_share(split: str = "test") -> float:
 def reward(completions: list[str], answers: list[str]) -> list[float]:
     """1.0 where the completion is one of the ``|``-separated correct responses in its answer, else 0.0.
 
-    Importable as ``reward.fn: lit_entropy.data.sum_or_difference:reward`` (answers as written by
+    Importable as ``reward.fn: scripts.studies.tasks.sum_or_difference:reward`` (answers as written by
     :func:`make_sod_examples` without ``prior_l``).
     """
     if len(completions) != len(answers):

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from lit_entropy.callbacks.random_masking import RandomNegativeMasking
-from lit_entropy.data.forking import (
+from lit_entropy.protocol import TokenMaskContext, TokenMaskProvider
+from lit_entropy.rewards import resolve_reward_fn
+from scripts.studies.tasks.forking import (
     CLASS_PROBS,
     KEYS,
     STRATEGIES,
@@ -22,8 +24,6 @@ from lit_entropy.data.forking import (
     strategy_of_key,
     write_splits,
 )
-from lit_entropy.protocol import TokenMaskContext, TokenMaskProvider
-from lit_entropy.rewards import resolve_reward_fn
 
 
 def test_strategies_by_hand():
@@ -83,7 +83,7 @@ def test_prior_draw_ignores_key():
 
 
 def test_reward_by_import_path(tmp_path):
-    fn = resolve_reward_fn("lit_entropy.data.forking:reward")
+    fn = resolve_reward_fn("scripts.studies.tasks.forking:reward")
     assert fn(["A0918.", "B0918.", " A0918.\n"], ["A0918."] * 3) == [1.0, 0.0, 1.0]
     assert fn is reward
     paths = write_splits(tmp_path, {"test": make_forking_examples("test", 3)})

@@ -28,6 +28,7 @@ from lit_entropy.functional.registry import (
     check_dual_clip,
     check_group_size,
     check_loss_and_estimator,
+    check_policy_loss_options,
     default_loss_agg_mode,
     estimator_needs_values,
     policy_loss_takes_token_weights,
@@ -237,8 +238,12 @@ class LossConfig:
     clip_ratio_high: float = 0.2
     """PPO ratio clip above 1 (DAPO clip-higher: 0.28)."""
     clip_ratio_c: float | None = DEFAULT_CLIP_RATIO_C
-    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off. Only
-    ``ppo`` applies it: another value with a loss that ignores it is refused."""
+    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens (verl's default 3.0); null = off. ``ppo``
+    and ``ce_gppo`` apply it, ``dppo_tv`` / ``dppo_kl`` cap their importance weight at it; another value with a loss
+    that ignores it is refused."""
+    policy_loss_options: dict[str, float] | None = None
+    """The policy loss's own options by name (``sapo``: ``tau_pos``, ``tau_neg``; ``ce_gppo``: ``beta1``, ``beta2``);
+    null = its paper's defaults. A name the loss does not take is refused."""
     loss_agg_mode: str | None = None
     """``token-mean`` (DAPO), ``token-sum``, ``seq-mean-token-mean`` (GRPO), ``seq-mean-token-sum``,
     ``seq-mean-token-sum-norm`` (Dr.GRPO); null = the loss's paper's (gspo*, gmpo: ``seq-mean-token-mean``)."""
@@ -270,6 +275,7 @@ class LossConfig:
             loss_agg_mode=self.loss_agg_mode, loss_scale_factor=self.loss_scale_factor, prefix="model.loss.",
         )  # fmt: skip
         check_dual_clip(self.policy_loss, self.clip_ratio_c)
+        check_policy_loss_options(self.policy_loss, self.policy_loss_options)
         check_kl_type(self.kl_type, name="model.loss.kl_type")
         check_number("model.loss.kl_coef", self.kl_coef, low=0)
         check_number("model.loss.entropy_coef", self.entropy_coef, low=0)

@@ -10,6 +10,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from lit_entropy.functional import ADVANTAGE_SCALES, KL_KINDS, LOSS_AGG_MODES
 from lit_entropy.rollout import SamplingConfig
@@ -346,3 +347,24 @@ def test_a_dual_clip_the_policy_loss_ignores_is_refused_naming_both_settings():
         message = str(error.value)
         assert "\n" not in message
         assert message.startswith(f"model.loss.clip_ratio_c=1.5 would be ignored: model.loss.policy_loss={name!r}")
+
+
+def test_policy_loss_options_reach_only_a_loss_that_takes_them():
+    from lit_entropy.settings import LossConfig
+
+    assert LossConfig(policy_loss="sapo", policy_loss_options={"tau_neg": 2.0}).policy_loss_options == {"tau_neg": 2.0}
+    assert LossConfig(policy_loss="ce_gppo", policy_loss_options={"beta1": 0.5, "beta2": 1}).policy_loss_options
+    with pytest.raises(ValueError, match=r"has 'tau', which model.loss.policy_loss='sapo' does not take \(its options: "
+                       r"\['tau_neg', 'tau_pos'\]\)"):  # fmt: skip
+        LossConfig(policy_loss="sapo", policy_loss_options={"tau": 2.0})
+    with pytest.raises(
+        ValueError, match=r"'beta1', which model.loss.policy_loss='ppo' does not take \(its options: none"
+    ):
+        LossConfig(policy_loss="ppo", policy_loss_options={"beta1": 0.5})
+    with pytest.raises(ValueError, match=r"model.loss.policy_loss_options.tau_neg must be a finite number, got nan"):
+        LossConfig(policy_loss="sapo", policy_loss_options={"tau_neg": float("nan")})
+    with pytest.raises(ValueError, match=r"tau_neg must be a finite number > 0, got -1.0"):  # the loss's own check
+        from lit_entropy.functional import POLICY_LOSSES
+
+        z = torch.zeros(2, 3)
+        POLICY_LOSSES["sapo"](z, z, z, z.bool(), clip_ratio_low=0.2, clip_ratio_high=0.2, tau_neg=-1.0)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -51,6 +52,7 @@ __all__ = [
     "outcome_token_rewards",
     "policy_loss_attribute",
     "check_dual_clip",
+    "check_policy_loss_options",
     "check_group_size",
     "check_loss_and_estimator",
     "default_loss_agg_mode",
@@ -367,6 +369,38 @@ def check_dual_clip(loss: str, clip_ratio_c: float | None) -> None:
         f"clip (losses that apply it: {readers}); leave model.loss.clip_ratio_c null or at its default "
         f"{DEFAULT_CLIP_RATIO_C}, or pick one of those losses"
     )
+
+
+#: What every registered policy loss receives from the module: not an option of its own.
+_STANDARD_LOSS_ARGUMENTS = frozenset(
+    {"clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "normalizer", "loss_scale_factor",
+     "token_weights", "response_mask"}
+)  # fmt: skip
+
+
+def check_policy_loss_options(loss: str, options: Any, *, name: str = "model.loss.policy_loss_options") -> dict:
+    """Return ``options`` as a dict if each key is a keyword option of the registered loss ``loss`` with a finite
+    number, else raise naming the setting, the key and the options the loss has (a typo would be silently ignored
+    by a loss's ``**extra``)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"{name} must be a mapping of option names to numbers, got {options!r}")
+    parameters = inspect.signature(POLICY_LOSSES[loss]).parameters.values()
+    known = sorted(
+        p.name
+        for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _STANDARD_LOSS_ARGUMENTS
+    )
+    for key, value in options.items():
+        if key not in known:
+            raise ValueError(
+                f"{name} has {key!r}, which model.loss.policy_loss={loss!r} does not take "
+                f"(its options: {known or 'none'})"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name}.{key} must be a finite number, got {value!r}")
+    return dict(options)
 
 
 def check_loss_and_estimator(loss: str, estimator: str) -> None:

@@ -134,6 +134,7 @@ def update_loss(
         clip_ratio_c=config.clip_ratio_c,
         **agg,
         **policy_loss_extras(rows),
+        **(config.policy_loss_options or {}),
     )
     terms = {"pg_loss": loss.detach(), "approx_kl": pg.approx_kl}
     if config.kl_coef > 0:

@@ -177,7 +177,9 @@ class _WithLoss(LightningModule):
         return EntropyDynamicsMonitor.required_fields
 
 
-@pytest.mark.parametrize("name", ["ppo", "gspo", "gspo_token", "gmpo", "cispo"])
+@pytest.mark.parametrize(
+    "name", ["ppo", "gspo", "gspo_token", "gmpo", "cispo", "sapo", "dppo_tv", "dppo_kl", "ce_gppo"]
+)
 def test_setup_covers_the_registered_first_order_losses_silently(name, recwarn):
     monitor = EntropyDynamicsMonitor()
     monitor.setup(None, _WithLoss(name), "fit")

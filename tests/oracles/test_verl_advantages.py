@@ -153,3 +153,33 @@ def test_kl_estimators_equal_verls(ours_kind, verl_kind, straight_through):
         value.sum().backward()
         verl_value.sum().backward()
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------- the peers' newer estimators (issue 38.2)
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_grpo_passk_equals_verls(scale):
+    """Only each group's best response learns, ``r_max - r_second`` (over the group std under ``group``)."""
+    for seed in SEEDS:
+        case = make_case(seed)
+        mask, rewards = case["mask"], case["rewards"]
+        ours, _ = ADVANTAGE_ESTIMATORS["grpo_passk"](case["token_rewards"], mask, group_size=case["group"], scale=scale)
+        config = VERL.AlgoConfig(norm_adv_by_std_in_grpo=scale == "group")
+        theirs, _ = VERL.core_algos.compute_grpo_passk_outcome_advantage(
+            case["token_rewards"].clone(), mask.to(F64), case["index"], config=config
+        )
+        # a tied best has gap 0: the whole group gets 0 whichever tied response torch.topk calls the best
+        on_mask(ours, theirs, mask, f"grpo_passk scale={scale} seed={seed}")
+        grouped = rewards.reshape(-1, case["group"])
+        assert int((ours.sum(-1) != 0).sum()) <= grouped.shape[0], "at most one response per group learns"
+
+
+def test_opo_equals_verls():
+    """OPO: ``r`` minus the group's length-weighted mean reward."""
+    for seed in SEEDS:
+        case = make_case(seed)
+        mask = case["mask"]
+        ours, _ = ADVANTAGE_ESTIMATORS["opo"](case["token_rewards"], mask, group_size=case["group"])
+        theirs, _ = VERL.core_algos.compute_opo_outcome_advantage(
+            case["token_rewards"].clone(), mask.to(F64), case["index"], config=VERL.AlgoConfig()
+        )
+        on_mask(ours, theirs, mask, f"opo seed={seed}")

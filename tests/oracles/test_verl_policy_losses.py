@@ -236,3 +236,76 @@ def test_gmpo_equals_verls_geo_mean_up_to_its_documented_differences():
             )
             cases += 1
     assert cases == len(GMPO_SETTINGS) * len(SEEDS)
+
+
+# ------------------------------------------------------------------- the peers' newest losses (issue 38.2)
+PEER_LOSS = {
+    "sapo": "compute_policy_loss_sapo",
+    "dppo_tv": "compute_policy_loss_dppo_tv",
+    "dppo_kl": "compute_policy_loss_dppo_kl",
+}
+# DPPO: clip_ratio_low / high are divergence thresholds (TV: probability differences; KL: nats), c the truncation
+DPPO_SETTINGS = ((0.2, 0.2, None, 0.3), (0.05, 0.1, 3.0, 0.5), (0.01, 0.02, 20.0, 0.3))
+SAPO_TAUS = ((1.0, 1.05), (0.5, 2.0))
+
+
+def _peer(name: str, case: dict, low, high, c, mode, options: dict, *, verl_side: bool):
+    logprobs = case["logprobs"].clone().requires_grad_(True)
+    if verl_side:
+        config = VERL.ActorConfig(
+            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=low, clip_ratio_low=low,
+            clip_ratio_high=high, clip_ratio_c=NO_DUAL_CLIP if c is None else c,
+            global_batch_info={"loss_scale_factor": None}, **options,
+        )  # fmt: skip
+        loss, metrics = getattr(VERL.core_algos, PEER_LOSS[name])(
+            old_log_prob=case["old"], log_prob=logprobs, advantages=case["adv"],
+            response_mask=case["mask"].to(F64), loss_agg_mode=mode, config=config, rollout_is_weights=case["weights"],
+        )  # fmt: skip
+    else:
+        loss, metrics = POLICY_LOSSES[name](
+            logprobs, case["old"], case["adv"], case["mask"], clip_ratio_low=low, clip_ratio_high=high,
+            clip_ratio_c=c, loss_agg_mode=mode, normalizer=None, loss_scale_factor=None,
+            token_weights=case["weights"], **options,
+        )  # fmt: skip
+    loss.backward()
+    return loss.detach(), logprobs.grad, metrics
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_dppo_equals_verls(name, mode):
+    """DPPO-Binary TV / KL: loss, gradient, the trust-region fraction (verl's pg_clipfrac) and the truncated-IS
+    fraction (verl's pg_clipfrac_lower, our dual_clip_frac) equal verl 0.9.1's."""
+    cases = outside = truncated = 0
+    for low, high, c, spread in DPPO_SETTINGS:
+        for seed in SEEDS:
+            case = make_case(seed, spread, token_advantages=True)
+            loss, grad, stats = _peer(name, case, low, high, c, mode, {}, verl_side=False)
+            v_loss, v_grad, v = _peer(name, case, low, high, c, mode, {}, verl_side=True)
+            where = f"{name} {mode} delta=({low}, {high}) c={c} seed={seed}"
+            torch.testing.assert_close(loss, v_loss, **LOSS_CLOSE, msg=lambda m, w=where: f"loss, {w}: {m}")
+            torch.testing.assert_close(grad, v_grad, **CLOSE, msg=lambda m, w=where: f"gradient, {w}: {m}")
+            assert float(stats.clip_frac) == pytest.approx(v["actor/pg_clipfrac"], rel=1e-6, abs=1e-12), where
+            assert float(stats.dual_clip_frac) == pytest.approx(v["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-12)
+            cases, outside, truncated = (
+                cases + 1,
+                outside + (stats.clip_frac > 0),
+                truncated + (stats.dual_clip_frac > 0),
+            )
+    assert cases == len(DPPO_SETTINGS) * len(SEEDS) and outside > 10 and truncated > 3
+
+
+def test_sapo_equals_verls():
+    """SAPO under its paper's (and verl's only) aggregation, seq-mean-token-mean, with the paper's and other taus."""
+    mode = "seq-mean-token-mean"
+    for tau_pos, tau_neg in SAPO_TAUS:
+        for spread in (0.3, 1.0):
+            for seed in SEEDS:
+                case = make_case(seed, spread, token_advantages=True)
+                options = {"tau_pos": tau_pos, "tau_neg": tau_neg}
+                loss, grad, stats = _peer("sapo", case, 0.2, 0.2, None, mode, options, verl_side=False)
+                v_loss, v_grad, v = _peer("sapo", case, 0.2, 0.2, None, mode, options, verl_side=True)
+                where = f"sapo taus=({tau_pos}, {tau_neg}) spread={spread} seed={seed}"
+                torch.testing.assert_close(loss, v_loss, **LOSS_CLOSE, msg=lambda m, w=where: f"loss, {w}: {m}")
+                torch.testing.assert_close(grad, v_grad, **CLOSE, msg=lambda m, w=where: f"gradient, {w}: {m}")
+                assert float(stats.clip_frac) == v["actor/pg_clipfrac"] == 0.0

@@ -24,6 +24,12 @@ from lit_entropy.functional.advantages.reinforce import (
     reinforce_plus_plus_estimator,
     rloo_estimator,
 )
+from lit_entropy.functional.advantages.peers import (
+    grpo_passk_advantages,
+    grpo_passk_estimator,
+    opo_advantages,
+    opo_estimator,
+)
 
 # isort: on
 
@@ -38,7 +44,11 @@ __all__ = [
     "gae_estimator",
     "grpo_advantages",
     "grpo_estimator",
+    "grpo_passk_advantages",
+    "grpo_passk_estimator",
     "on_valid_tokens",
+    "opo_advantages",
+    "opo_estimator",
     "reinforce_plus_plus_baseline_estimator",
     "reinforce_plus_plus_estimator",
     "rloo_estimator",

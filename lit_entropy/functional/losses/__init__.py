@@ -2,7 +2,8 @@
 aggregation of a per-token loss into one scalar.
 
 One module per concept: :mod:`.ratio` (the importance ratio and what every policy loss shares around it),
-:mod:`.aggregation`, :mod:`.ppo`, :mod:`.sequence` (GSPO, GSPO-token, GMPO), :mod:`.cispo`, :mod:`.value`,
+:mod:`.aggregation`, :mod:`.ppo`, :mod:`.sequence` (GSPO, GSPO-token, GMPO), :mod:`.cispo`, :mod:`.sapo`,
+:mod:`.dppo` (DPPO-Binary TV / KL), :mod:`.ce_gppo`, :mod:`.value`,
 :mod:`.kl`. A new policy loss is a new module here with one function decorated by
 :func:`~lit_entropy.functional.registry.register_policy_loss`, imported below (the import registers it; the
 import order is the registry's order).
@@ -36,6 +37,9 @@ from lit_entropy.functional.losses.sequence import (
     sequence_log_ratio,
 )
 from lit_entropy.functional.losses.cispo import cispo_policy_loss
+from lit_entropy.functional.losses.sapo import sapo_policy_loss
+from lit_entropy.functional.losses.dppo import binary_kl, dppo_kl_policy_loss, dppo_tv_policy_loss
+from lit_entropy.functional.losses.ce_gppo import ce_gppo_policy_loss
 
 # isort: on
 from lit_entropy.functional.losses.kl import KL_KINDS, check_kl_type, kl_penalty
@@ -48,6 +52,8 @@ __all__ = [
     "PolicyLossStats",
     "aggregate_loss",
     "aggregation_options",
+    "binary_kl",
+    "ce_gppo_policy_loss",
     "check_clip_ratios",
     "check_kl_type",
     "check_policy_loss_args",
@@ -55,6 +61,8 @@ __all__ = [
     "cispo_policy_loss",
     "clip_indicator_stats",
     "clipped_token_masks",
+    "dppo_kl_policy_loss",
+    "dppo_tv_policy_loss",
     "gmpo_policy_loss",
     "gspo_policy_loss",
     "gspo_token_policy_loss",
@@ -64,6 +72,7 @@ __all__ = [
     "policy_loss",
     "ppo_policy_loss",
     "prepare_ratio_inputs",
+    "sapo_policy_loss",
     "sequence_log_ratio",
     "token_advantages",
     "value_loss",

@@ -1,0 +1,89 @@
+"""The peers' newer group estimators: Pass@k-GRPO (``grpo_passk``) and OPO (``opo``), as verl 0.9.1 registers them.
+
+- ``grpo_passk`` (arXiv 2503.19595; verl's ``compute_grpo_passk_outcome_advantage``): in each group only the
+  best response learns, with advantage ``r_max - r_second``, divided by the group's std plus ``1e-6`` under
+  ``model.advantages.scale: group`` (verl's ``norm_adv_by_std_in_grpo``), by the batch's under ``batch``, not at all
+  under ``none``. Among tied best rewards the first in row order is "the best" (verl's ``torch.topk`` leaves ties
+  unspecified; with a tie ``r_max - r_second = 0`` anyway).
+- ``opo`` (On-Policy RL with optimal baseline, arXiv 2505.23585; verl's ``compute_opo_outcome_advantage``):
+  ``A = r - b`` with the length-weighted baseline ``b = sum_i |y_i| r_i / sum_i |y_i|`` of the group (0 for a
+  group of one; the plain mean for a group whose responses are all empty, where verl divides 0 by 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_entropy.functional.advantages.grpo import check_advantage_scale
+from lit_entropy.functional.advantages.inputs import as_floating, check_token_shapes, on_valid_tokens
+from lit_entropy.functional.masked import as_bool_mask
+from lit_entropy.functional.registry import register_advantage_estimator
+
+__all__ = ["grpo_passk_advantages", "grpo_passk_estimator", "opo_advantages", "opo_estimator"]
+
+
+def _grouped(rewards: Tensor, group_size: int) -> Tensor:
+    if not isinstance(group_size, int) or group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group_size!r}")
+    return as_floating(rewards).reshape(-1, group_size)
+
+
+def grpo_passk_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-6) -> Tensor:
+    """``[N]``: ``r_max - r_second`` (scaled) on each group's first best response, 0 on the others."""
+    check_advantage_scale(scale)
+    if group_size < 2:
+        raise ValueError(f"grpo_passk needs at least 2 samples per group, got group_size={group_size}")
+    grouped = _grouped(rewards, group_size)
+    top = grouped.topk(2, dim=-1).values
+    gap = top[:, 0] - top[:, 1]
+    if scale == "group":
+        gap = gap / (grouped.std(dim=-1) + eps)
+    elif scale == "batch":
+        gap = gap / (grouped.std() + eps)
+    best = grouped.argmax(dim=-1)  # the first maximum in row order
+    out = torch.zeros_like(grouped)
+    out[torch.arange(grouped.shape[0]), best] = gap
+    return out.reshape(-1)
+
+
+def opo_advantages(rewards: Tensor, lengths: Tensor, group_size: int) -> Tensor:
+    """``[N]``: ``r - b`` with ``b`` the group's length-weighted mean reward (0 for a group of one)."""
+    grouped = _grouped(rewards, group_size)
+    weights = lengths.to(grouped.dtype).reshape(grouped.shape)
+    total = weights.sum(dim=-1, keepdim=True)
+    weighted = (weights * grouped).sum(dim=-1, keepdim=True) / total.clamp(min=1)
+    baseline = torch.where(total > 0, weighted, grouped.mean(dim=-1, keepdim=True))
+    if group_size == 1:
+        baseline = torch.zeros_like(baseline)
+    return (grouped - baseline).reshape(-1)
+
+
+@register_advantage_estimator("grpo_passk", min_group_size=2)
+def grpo_passk_estimator(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    values: Tensor | None = None,
+    scale: str = "group",
+    **extra: Any,
+) -> tuple[Tensor, None]:
+    """The registered ``grpo_passk`` estimator (see the module docstring); ``scale`` from ``model.advantages.scale``;
+    ``values`` not read (no critic)."""
+    check_token_shapes(token_rewards, mask)
+    mask = as_bool_mask(mask)
+    return on_valid_tokens(grpo_passk_advantages(token_rewards.sum(dim=-1), group_size, scale=scale), mask), None
+
+
+@register_advantage_estimator("opo", min_group_size=2)
+def opo_estimator(
+    token_rewards: Tensor, mask: Tensor, *, group_size: int, values: Tensor | None = None, **extra: Any
+) -> tuple[Tensor, None]:
+    """The registered ``opo`` estimator: length-weighted group baseline, no std scaling (see the module docstring);
+    ``values`` not read (no critic)."""
+    check_token_shapes(token_rewards, mask)
+    mask = as_bool_mask(mask)
+    return on_valid_tokens(opo_advantages(token_rewards.sum(dim=-1), mask.sum(dim=-1), group_size), mask), None

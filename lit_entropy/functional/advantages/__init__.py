@@ -25,6 +25,7 @@ from lit_entropy.functional.advantages.reinforce import (
     rloo_estimator,
 )
 from lit_entropy.functional.advantages.peers import (
+    gdpo_estimator,
     grpo_passk_advantages,
     grpo_passk_estimator,
     opo_advantages,
@@ -42,6 +43,7 @@ __all__ = [
     "discounted_returns",
     "gae_advantages",
     "gae_estimator",
+    "gdpo_estimator",
     "grpo_advantages",
     "grpo_estimator",
     "grpo_passk_advantages",

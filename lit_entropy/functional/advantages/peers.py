@@ -1,4 +1,5 @@
-"""The peers' newer group estimators: Pass@k-GRPO (``grpo_passk``) and OPO (``opo``), as verl 0.9.1 registers them.
+"""The peers' newer group estimators: Pass@k-GRPO (``grpo_passk``), OPO (``opo``) and GDPO (``gdpo``), as verl 0.9.1
+registers them.
 
 - ``grpo_passk`` (arXiv 2503.19595; verl's ``compute_grpo_passk_outcome_advantage``): in each group only the
   best response learns, with advantage ``r_max - r_second``, divided by the group's std plus ``1e-6`` under
@@ -8,21 +9,33 @@
 - ``opo`` (On-Policy RL with optimal baseline, arXiv 2505.23585; verl's ``compute_opo_outcome_advantage``):
   ``A = r - b`` with the length-weighted baseline ``b = sum_i |y_i| r_i / sum_i |y_i|`` of the group (0 for a
   group of one; the plain mean for a group whose responses are all empty, where verl divides 0 by 0).
+- ``gdpo`` (arXiv 2601.05242; verl's ``compute_gdpo_outcome_advantage``): each reward component is normalised
+  within its group on its own (GRPO), the results summed with weights, and the sum whitened over the batch's
+  valid tokens. The components come as ``reward_components`` ``[N, K]``; without them the reward itself is the
+  one component (verl's fallback), i.e. GRPO's advantages whitened over the batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lit_entropy.functional.advantages.grpo import check_advantage_scale
+from lit_entropy.functional.advantages.grpo import check_advantage_scale, grpo_advantages
 from lit_entropy.functional.advantages.inputs import as_floating, check_token_shapes, on_valid_tokens
+from lit_entropy.functional.advantages.whitening import whiten
 from lit_entropy.functional.masked import as_bool_mask
 from lit_entropy.functional.registry import register_advantage_estimator
 
-__all__ = ["grpo_passk_advantages", "grpo_passk_estimator", "opo_advantages", "opo_estimator"]
+__all__ = [
+    "gdpo_estimator",
+    "grpo_passk_advantages",
+    "grpo_passk_estimator",
+    "opo_advantages",
+    "opo_estimator",
+]
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:
@@ -87,3 +100,40 @@ def opo_estimator(
     check_token_shapes(token_rewards, mask)
     mask = as_bool_mask(mask)
     return on_valid_tokens(opo_advantages(token_rewards.sum(dim=-1), mask.sum(dim=-1), group_size), mask), None
+
+
+@register_advantage_estimator("gdpo", min_group_size=2)
+def gdpo_estimator(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    values: Tensor | None = None,
+    scale: str = "group",
+    reward_components: Tensor | None = None,
+    reward_weights: Sequence[float] | None = None,
+    **extra: Any,
+) -> tuple[Tensor, None]:
+    """The registered ``gdpo`` estimator: ``whiten(sum_k w_k GRPO(r_k))`` over the valid tokens.
+
+    Args:
+        token_rewards: ``[N, T]``; a row's reward is its sum (the one component when ``reward_components`` is None).
+        mask: ``[N, T]`` bool.
+        group_size: samples per prompt; rows are consecutive groups.
+        values: not read (no critic).
+        scale: each component's GRPO scale (``group``: verl's ``norm_adv_by_std_in_grpo``).
+        reward_components: ``[N, K]`` the reward's named components, or None.
+        reward_weights: ``K`` weights of the components (None: all 1).
+    """
+    check_token_shapes(token_rewards, mask)
+    mask = as_bool_mask(mask)
+    components = (
+        token_rewards.sum(dim=-1, keepdim=True) if reward_components is None else as_floating(reward_components)
+    )
+    if components.dim() != 2 or components.shape[0] != mask.shape[0]:
+        raise ValueError(f"reward_components must be [N, K] with N = {mask.shape[0]}, got {tuple(components.shape)}")
+    weights = [1.0] * components.shape[1] if reward_weights is None else list(reward_weights)
+    if len(weights) != components.shape[1]:
+        raise ValueError(f"reward_weights has {len(weights)} weights for {components.shape[1]} reward components")
+    total = sum(w * grpo_advantages(components[:, k], group_size, scale=scale) for k, w in enumerate(weights))
+    return whiten(on_valid_tokens(torch.as_tensor(total), mask), mask), None

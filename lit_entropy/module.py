@@ -12,20 +12,28 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
+from lit_entropy.checkpointing.frozen import drop_frozen_weights, restore_frozen_weights
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
+from lit_entropy.models.lifecycle import ModelLifecycle
 from lit_entropy.models.packaged import policy_model_path
-from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TagPlan, TrainDashboard, log_samples
+from lit_entropy.reporting.dashboard import (
+    DashboardRun,
+    StepReport,
+    TagPlan,
+    TrainDashboard,
+    log_samples,
+    module_tag_plan,
+)
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.reporting.steps import trained_batches
-from lit_entropy.rewards import compute_rewards, resolve_reward_fn
+from lit_entropy.rewards import resolve_reward_fn, score_responses
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
     AdvantageConfig,
@@ -51,17 +59,15 @@ from lit_entropy.step import (
     clip_grad_norm_and_agree,
     global_loss_normalizer,
     response_forward,
-    row_slices,
     rows_update_loss,
-    single_update,
     updates_per_batch,
     value_estimates,
 )
 from lit_entropy.step.group_fill import DynamicSampling
 from lit_entropy.step.kept_set import kept_set_log_mass
-from lit_entropy.step.micro_batches import forward_parts, micro_batches
-from lit_entropy.step.packing import check_packing_attention
+from lit_entropy.step.schedule import optimizer_step_rows
 from lit_entropy.step.skips import SkippedUpdates
+from lit_entropy.step.statistics import reuses_statistics_forward, statistics_pass
 from lit_entropy.step.token_requests import apply_token_requests
 
 __all__ = ["RFTModule"]
@@ -70,10 +76,11 @@ Batch = dict[str, Any]
 """A collated batch of prompts: ``input_ids`` / ``attention_mask`` (left-padded) plus ``prompts`` and ``answers``."""
 
 
-class RFTModule(LightningModule):
+class RFTModule(ModelLifecycle):
     """Reinforcement fine-tuning (GRPO or PPO) of a Hugging Face causal LM.
 
-    Implements :class:`lit_entropy.protocol.TokenMaskingModule`: callbacks such as
+    Models, tokenizer, rollout engine and export: :class:`~lit_entropy.models.lifecycle.ModelLifecycle`. Implements
+    :class:`lit_entropy.protocol.TokenMaskingModule`: callbacks such as
     :class:`~lit_entropy.callbacks.EntropyDiscriminatorClipping` provide keep masks, penalties and loss
     coefficients once per rollout batch.
 
@@ -117,59 +124,12 @@ class RFTModule(LightningModule):
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
-        self.owns_rollout_engine = False
-        # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
-        self.policy = self.ref_model = self.critic = self.value_head = None
-        self.tokenizer: Any = None
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
         self.clip_fractions = LossClipFractions()  # the loss's own clip rule, over one step's updates
         self.evaluator = SampleEvaluator(self.settings.evaluation.pass_ks(), self.settings.reward.correct_threshold)
         self.skipped_updates = SkippedUpdates(self.settings.update.max_consecutive_skips)
         self.dynamic_sampling = DynamicSampling(self.settings, rank_zero_warn)  # model.sampling.filter_groups
-        self.export_path: str | None = None
-        self._own_callbacks: list[Any] | None = None
-
-    def configure_model(self) -> None:
-        """Load the policy (and the frozen reference / critic when configured); idempotent."""
-        if self.policy is not None:
-            return
-        from lit_entropy.models.loading import load_rft_models
-
-        for name, model in vars(load_rft_models(self.settings, self.model_name_or_path)).items():
-            setattr(self, name, model)  # policy, ref_model, critic, value_head
-        if self.settings.update.pack_sequences:
-            check_packing_attention(self.policy, self.ref_model, self.critic)
-        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
-            from lit_entropy.distributed.fsdp2 import shard_models
-
-            trainer = attached_trainer(self)
-            precision = str(trainer.precision) if trainer is not None else ""
-            dtype = self.settings.policy.fsdp_param_dtype or ("bfloat16" if precision == "bf16-mixed" else None)
-            shard_models(self, self.device_mesh, dtype)
-            # FSDP2 loads model states strictly; the frozen reference and a LoRA policy's base are not in checkpoints.
-            self.strict_loading = self.ref_model is None and self.settings.policy.lora is None
-
-    def setup(self, stage: str) -> None:
-        from lit_entropy.models.loading import check_context_length, eos_token_ids, load_tokenizer
-
-        self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
-        data = getattr(attached_trainer(self), "datamodule", None)
-        longest = data.longest_prompt_tokens() if isinstance(data, PromptSource) else None
-        needed = max(self.settings.sampling.max_new_tokens, self.evaluation_sampling().max_new_tokens)
-        check_context_length(self.model_name_or_path, longest, needed)
-        self.stop_ids = eos_token_ids(self.model_name_or_path, self.tokenizer)  # one EOS set for both engines
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        seed = torch.initial_seed() % 2**31
-        self.owns_rollout_engine |= self.rollout_engine.attach(
-            self.model_name_or_path, list(self.stop_ids) or None, eos if pad is None else pad, seed
-        )
-
-    def teardown(self, stage: str) -> None:
-        # Only an engine this module started is closed; one started by the user belongs to the user.
-        if self.owns_rollout_engine:
-            self.rollout_engine.close()
-            self.owns_rollout_engine = False
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.parameters() if p.requires_grad]
@@ -177,56 +137,16 @@ class RFTModule(LightningModule):
         total = horizon(trainer.estimated_stepping_batches, self.updates_per_rollout_batch(), trainer.max_steps)
         return build_optimizer(params, self.settings.optim, total)
 
-    def configure_callbacks(self) -> list[Any]:
-        """Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; the CUSTOM SCALARS overview;
-        console lines when not a TTY; evaluations logged at the number of trained batches.
-
-        The same instances on every call (the validation before training and ``fit`` share their state), and
-        only those whose type the trainer lacks: a callback of that type passed to the Trainer wins, without
-        Lightning's "will override existing callbacks" line.
-        """
-        from lit_entropy.checkpointing.callback import ResumableCheckpointing
-        from lit_entropy.reporting.console import ConsoleMetrics
-        from lit_entropy.reporting.hparams import HParamsSummary
-        from lit_entropy.reporting.overview import OverviewLayout
-        from lit_entropy.reporting.steps import StepAxis
-
-        if self._own_callbacks is None:
-            own = [ResumableCheckpointing(), HParamsSummary(), OverviewLayout(), ConsoleMetrics(), StepAxis()]
-            self._own_callbacks = own
-        trainer = attached_trainer(self)
-        present = trainer.callbacks if trainer is not None else []
-        return [own for own in self._own_callbacks if not any(isinstance(cb, type(own)) for cb in present)]
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The reference model and a LoRA policy's base are frozen and reloaded from disk: keep them out of checkpoints.
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_model.") or self._is_frozen_base(k)]:
-            del state[key]
+        drop_frozen_weights(checkpoint, lora=self.settings.policy.lora is not None)
         checkpoint.update(**self.skipped_updates.state_dict(), **self.dynamic_sampling.state_dict())  # collective
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.setdefault("state_dict", {})
-        if self.ref_model is not None:
-            state.update({f"ref_model.{k}": v for k, v in self.ref_model.state_dict().items()})
-        if self.strict_loading and self.policy is not None and self.settings.policy.lora is not None:
-            base = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}  # as loaded from disk
-            state.update({k: v for k, v in base.items() if self._is_frozen_base(k) and k not in state})
+        lora, strict = self.settings.policy.lora is not None, self.strict_loading
+        restore_frozen_weights(checkpoint, self.ref_model, self.policy, lora=lora, strict=strict)
         self.skipped_updates.load_state_dict(checkpoint)
         self.dynamic_sampling.load_state_dict(checkpoint)
-
-    def _is_frozen_base(self, key: str) -> bool:
-        """Whether ``key`` (a module state-dict key) is a frozen base weight of a LoRA policy."""
-        from lit_entropy.models.lora import is_frozen_base_key
-
-        return self.settings.policy.lora is not None and key.startswith("policy.") and is_frozen_base_key(key)
-
-    def on_train_end(self) -> None:
-        logging = self.settings.logging
-        if logging.export_on_train_end and (logging.export_dir is not None or self.trainer.loggers):
-            self.export_pretrained()
-        elif logging.export_on_train_end:  # without a logger the default location would be the working directory
-            rank_zero_warn("lit_entropy: no logger and model.logging.export_dir is null: the policy is not exported")
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
@@ -260,13 +180,10 @@ class RFTModule(LightningModule):
 
     def score(self, batch: Batch, rollout: RolloutBatch, num_samples: int) -> tuple[Tensor, list[str]]:
         """Rewards ``[N]`` (float32) and the decoded completions of ``rollout``."""
-        responses = rollout.responses.masked_fill(~rollout.response_mask, self.tokenizer.pad_token_id or 0)
-        completions = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        answers = [a for a in batch["answers"] for _ in range(num_samples)]
         name = self.settings.reward.fn if isinstance(self.settings.reward.fn, str) else repr(self.reward_fn)
-        rewards = compute_rewards(self.reward_fn, completions, answers, fn_name=name, group_size=num_samples)
-        rewards = rewards.to(self.device)
-        return rewards, completions
+        args = (self.reward_fn, name, self.tokenizer, rollout, batch["answers"], num_samples)
+        rewards, completions = score_responses(*args)
+        return rewards.to(self.device), completions
 
     def make_experience(self, rollout: RolloutBatch, rewards: Tensor) -> Experience:
         """The statistics pass plus advantages (:func:`~lit_entropy.step.build_experience`)."""
@@ -282,28 +199,27 @@ class RFTModule(LightningModule):
 
     @torch.no_grad()
     def statistics_pass(self, rollout: RolloutBatch) -> RolloutStatistics:
-        """Old log-probs, entropy, S (and E_p[S] when a callback asks), reference log-probs and values.
+        """Old log-probs, entropy, S (and E_p[S] when a callback asks), reference log-probs and values
+        (:func:`~lit_entropy.step.statistics.statistics_pass`: one :meth:`part_statistics` per forward of the plan).
 
         With a single update per batch, the policy's forwards (one, or one per token-budget micro-batch) keep their
         graphs until :meth:`update` reuses them (``update_forward``) instead of recomputing them.
         """
+        reuse = self.reuses_statistics_forward(rollout.response_mask.shape[0])
+        return statistics_pass(rollout, self.settings, self.part_statistics, reuse=reuse)
+
+    def part_statistics(self, part: RolloutBatch, keep_graph: bool) -> tuple[ResponseForward, RolloutStatistics]:
+        """The policy's forward over one part's rows (with its graph when ``keep_graph``) and the part's statistics."""
         want_average = "policy_average" in protocol.required_token_mask_fields(attached_trainer(self))
-        update, reuse = self.settings.update, self.reuses_statistics_forward(rollout.response_mask.shape[0])
-        plan = [slice(None)] if reuse and update.max_tokens_per_micro_batch is None else micro_batches(rollout, update)
-        parts, forwards = [], []
-        for index, part in forward_parts(rollout, plan):
-            with torch.set_grad_enabled(reuse):
-                forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
-            ref = self.reference_logprobs(part)
-            values = None if self.value_head is None else self.values(part, forward.hidden)
-            stats = RolloutStatistics.from_passes(
-                forward.stats, ref_logprobs=ref, old_values=values,
-                kept_log_mass=kept_set_log_mass(self.policy, part, self.settings),
-            )  # fmt: skip
-            parts.append((index, stats))
-            forwards += [(index, forward)] if reuse else []
-        statistics = RolloutStatistics.in_row_order(parts, rollout.response_mask.shape[1])
-        return statistics.with_row_tensors({}, update_forward=forwards or None)
+        with torch.set_grad_enabled(keep_graph):
+            forward = self.policy_forward(self.policy, part, policy_average=want_average, hidden=self.wants_hidden)
+        ref = self.reference_logprobs(part)
+        values = None if self.value_head is None else self.values(part, forward.hidden)
+        stats = RolloutStatistics.from_passes(
+            forward.stats, ref_logprobs=ref, old_values=values,
+            kept_log_mass=kept_set_log_mass(self.policy, part, self.settings),
+        )  # fmt: skip
+        return forward, stats
 
     def reference_logprobs(self, rollout: RolloutBatch) -> Tensor | None:
         """Log-probs ``[n, T]`` of the KL term's reference: the frozen reference model, or for a LoRA policy the policy
@@ -327,22 +243,18 @@ class RFTModule(LightningModule):
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         rows, reused = experience.loss_mask.shape[0], experience.update_forward is not None
         norms, terms = [], UpdateTerms()
-        for _ in range(update.epochs):
-            # A reused statistics forward covers the rows in their original order.
-            order = torch.arange(rows, device=self.device) if reused else torch.randperm(rows, device=self.device)
-            for mini in row_slices(rows, update.mini_batch_size):
-                index = order[mini]
-                normalizer = self.loss_normalizer(experience.loss_mask[index])
-                finite = True
-                for mb, micro, forward in experience.update_parts(index, update):
-                    out = self.minibatch_loss(micro, normalizer, forward)
-                    finite &= bool(torch.isfinite(out.loss.detach()))
-                    # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
-                    self.manual_backward(out.loss)
-                    if mb.numel():
-                        terms.add(out)
-                norms.append(self.clip_and_step(optimizer, finite_loss=finite))
-                scheduler.step()
+        for index in optimizer_step_rows(rows, update, self.device, in_order=reused):
+            normalizer = self.loss_normalizer(experience.loss_mask[index])
+            finite = True
+            for mb, micro, forward in experience.update_parts(index, update):
+                out = self.minibatch_loss(micro, normalizer, forward)
+                finite &= bool(torch.isfinite(out.loss.detach()))
+                # Backward even on a non-finite loss or an empty micro-batch: every rank joins the collectives.
+                self.manual_backward(out.loss)
+                if mb.numel():
+                    terms.add(out)
+            norms.append(self.clip_and_step(optimizer, finite_loss=finite))
+            scheduler.step()
         out = terms.means(len(norms))
         out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
         return out
@@ -400,18 +312,11 @@ class RFTModule(LightningModule):
     def dashboard_run(self) -> DashboardRun:
         """What the dashboard needs of this run; its :class:`~lit_entropy.reporting.TagPlan` is decided once."""
         if self.tag_plan is None:
-            trainer = self.trainer
-            self.tag_plan = TagPlan.decide(
-                updates_per_batch=self.updates_per_rollout_batch(), optim=self.settings.optim, loss=self.settings.loss,
-                group_size=self.settings.sampling.num_samples, rollout_engine=self.rollout_engine,
-                mask_providers=len(protocol.token_mask_providers(trainer)),
-                coefficient_providers=len(protocol.loss_coefficient_providers(trainer)),
-            )  # fmt: skip
-        eos_ids = self.eos_token_ids()
+            self.tag_plan = module_tag_plan(self, self.trainer, self.updates_per_rollout_batch())
         sampling = self.settings.sampling
         return DashboardRun(
             plan=self.tag_plan, group_size=sampling.num_samples, max_new_tokens=sampling.max_new_tokens,
-            eos_token_ids=eos_ids, device=self.device, log=self.log,
+            eos_token_ids=self.eos_token_ids(), device=self.device, log=self.log,
         )  # fmt: skip
 
     def on_validation_epoch_start(self) -> None:
@@ -466,8 +371,7 @@ class RFTModule(LightningModule):
 
     def reuses_statistics_forward(self, rows: int) -> bool:
         """True when the statistics pass doubles as the only update's forward (``update.reuse_statistics_forward``)."""
-        update = self.settings.update
-        return update.reuse_statistics_forward and self.settings.ppo is None and single_update(rows, update)
+        return reuses_statistics_forward(rows, self.settings)
 
     def policy_forward(self, model: nn.Module, rollout: RolloutBatch, **kwargs: Any) -> ResponseForward:
         """:func:`~lit_entropy.step.response_forward` with this module's temperature and chunking."""
@@ -482,11 +386,3 @@ class RFTModule(LightningModule):
         """Value estimate of the state before each response token, ``[n, T]`` (PPO)."""
         packed = self.settings.update.pack_sequences
         return value_estimates(self.value_head, rollout, policy_hidden, critic=self.critic, packed=packed)
-
-    def export_pretrained(self, path: str | None = None) -> str:
-        """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it (default:
-        ``model.logging.export_dir``, else ``<log_dir>/hf_model``; under FSDP2 every rank calls it, rank 0 writes)."""
-        from lit_entropy.models.export import export_module
-
-        self.export_path = export_module(self, path or self.settings.logging.export_dir)
-        return self.export_path

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lit_entropy.extensions import import_object
+from lit_entropy.rollout.base import RolloutBatch
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -32,6 +33,7 @@ __all__ = [
     "last_boxed_content",
     "math_verify_reward",
     "resolve_reward_fn",
+    "score_responses",
 ]
 
 # math_verify's own default per-call limit (seconds), used where its signal-based timeout can work.
@@ -107,6 +109,25 @@ def compute_rewards(
             f"{setting}: reward function {fn_name!r} raised {_short_repr_text(error, 160)} {where}, got {fn_name!r}"
         ) from err
     return check_rewards(fn_name, values, len(completions), setting=setting)
+
+
+def score_responses(
+    fn: Callable[..., Any], fn_name: str, tokenizer: Any, rollout: RolloutBatch, answers: list[str], num_samples: int
+) -> tuple[Tensor, list[str]]:
+    """Decode a rollout batch's responses and score them: rewards ``[N]`` (float32, :func:`compute_rewards`) and the
+    completions.
+
+    Args:
+        fn: the reward function; ``fn_name`` names it in errors.
+        tokenizer: decodes the responses (special tokens skipped, positions outside the response mask as padding).
+        rollout: ``N`` = prompts x ``num_samples`` sampled rows, grouped by prompt.
+        answers: one per prompt, shared by its ``num_samples`` rows.
+        num_samples: samples per prompt (the group size).
+    """
+    responses = rollout.responses.masked_fill(~rollout.response_mask, tokenizer.pad_token_id or 0)
+    completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    rows = [a for a in answers for _ in range(num_samples)]
+    return compute_rewards(fn, completions, rows, fn_name=fn_name, group_size=num_samples), completions
 
 
 def _failing_item(fn: Callable[..., Any], completions: list[str], answers: list[str], limit: int = 64) -> int | None:

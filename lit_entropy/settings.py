@@ -26,11 +26,11 @@ from lit_entropy.functional.registry import (
     DEFAULT_CLIP_RATIO_C,
     POLICY_LOSSES,
     check_dual_clip,
+    check_estimator_and_algorithm,
     check_group_size,
     check_loss_and_estimator,
     check_policy_loss_options,
     default_loss_agg_mode,
-    estimator_needs_values,
     policy_loss_takes_token_weights,
 )
 from lit_entropy.rollout.base import SamplingConfig
@@ -479,20 +479,7 @@ class RFTSettings:
             # Frozen: the resolved name is stored once, so checkpoints and HPARAMS show what ran.
             object.__setattr__(self, "advantages", replace(self.advantages, estimator=name))
         check_group_size(name, self.sampling.num_samples, setting="model.sampling.num_samples")
-        needs_values = estimator_needs_values(name)
-        fitting = tuple(n for n in ADVANTAGE_ESTIMATORS.names() if estimator_needs_values(n) != needs_values)
-        if needs_values and (self.algorithm != "ppo" or self.ppo is None):
-            raise ValueError(
-                f"model.advantages.estimator={name!r} needs a critic's values, but model.algorithm is "
-                f"{self.algorithm!r}: set model.algorithm: ppo (the critic is configured in model.ppo) or pick an "
-                f"estimator without a critic, one of {fitting}"
-            )
-        if not needs_values and self.algorithm == "ppo":
-            raise ValueError(
-                f"model.algorithm='ppo' trains a critic on the estimator's returns, but "
-                f"model.advantages.estimator={name!r} uses no critic: pick one that does, one of {fitting}, "
-                "or set model.algorithm: grpo"
-            )
+        check_estimator_and_algorithm(name, self.algorithm, critic=self.algorithm == "ppo" and self.ppo is not None)
         check_loss_and_estimator(self.loss.policy_loss, name)
 
 

@@ -81,7 +81,8 @@ ROLLOUT_FIELDS: tuple[RolloutField, ...] = (
     ),
     RolloutField(
         "rollout_weights",
-        "rollout-correction weights of each token's policy-loss term; None unless ``model.loss.rollout_correction`` is on",
+        "rollout-correction weights of each token's policy-loss term; None unless "
+        "``model.loss.rollout_correction`` is on",
         context=False,
     ),
 )

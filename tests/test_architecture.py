@@ -26,7 +26,8 @@ Rules (every import counts, including the lazy ones inside functions):
   package (issue 33), so a split by concept shows in the names.
 
 Sizes (issue 20): at most 6 top-level modules in ``lit_entropy/`` besides ``__init__``/``__main__``, no file
-in ``lit_entropy/`` over 500 lines and no function there over 60 lines (``def`` line to last line).
+in ``lit_entropy/`` over 500 lines and no function there over 60 lines (``def`` line to last line); ``module.py``
+at most 400 lines and ``RFTModule`` at most 12 settings groups (issue 33).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ SCRIPTS = REPO / "scripts"
 MAX_TOP_LEVEL_MODULES = 6
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 400
+MAX_MODULE_GROUPS = 12
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 
 
@@ -404,6 +407,23 @@ def test_no_library_file_over_500_lines():
     sizes = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
     bad = [f"{p.relative_to(REPO)}: {n} lines" for p, n in sorted(sizes.items()) if n > MAX_FILE_LINES]
     assert not bad, f"files over {MAX_FILE_LINES} lines (split them by concern):\n" + "\n".join(bad)
+
+
+def test_the_module_reads_as_the_algorithm():
+    """Issue 33.5: ``module.py`` is the training step and its phases (the phases themselves live in ``step/``, the
+    models' lifecycle in ``models/lifecycle.py``) and ``RFTModule`` takes at most 12 settings groups."""
+    source = (PACKAGE / "module.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= MAX_MODULE_LINES, "module.py: move a phase into lit_entropy/step/"
+    tree = ast.parse(source)
+    init = next(
+        node
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef) and cls.name == "RFTModule"
+        for node in cls.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    )
+    groups = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+    assert len(groups) <= MAX_MODULE_GROUPS, f"RFTModule takes {len(groups)} groups: {groups}"
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))

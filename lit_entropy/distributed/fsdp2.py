@@ -27,7 +27,14 @@ from lit_entropy.checkpointing.atomic_io import remove_stale_temporaries, swap_d
 from lit_entropy.internals.lightning import set_data_parallel_size
 from lit_entropy.internals.transformers import decoder_layer_class_names, mark_fsdp_managed
 
-__all__ = ["FSDP2Strategy", "decoder_layers", "full_state_dict", "shard_models", "unwrapped_class"]
+__all__ = [
+    "FSDP2Strategy",
+    "decoder_layers",
+    "full_state_dict",
+    "module_param_dtype",
+    "shard_models",
+    "unwrapped_class",
+]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -110,6 +117,13 @@ def _models(module: Any) -> Iterator[nn.Module]:
         model = getattr(module, name, None)
         if model is not None:
             yield model
+
+
+def module_param_dtype(fsdp_param_dtype: str | None, trainer: Any) -> str | None:
+    """The all-gather dtype of an RFTModule's FSDP2 shards: ``model.policy.fsdp_param_dtype`` when set, else
+    bfloat16 under the trainer's ``bf16-mixed`` precision, else None (no mixed precision)."""
+    precision = str(trainer.precision) if trainer is not None else ""
+    return fsdp_param_dtype or ("bfloat16" if precision == "bf16-mixed" else None)
 
 
 def shard_models(module: Any, mesh: Any, param_dtype: str | None = None) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "check_dual_clip",
     "check_policy_loss_options",
     "check_group_size",
+    "check_estimator_and_algorithm",
     "check_loss_and_estimator",
     "default_loss_agg_mode",
     "estimator_min_group_size",
@@ -411,6 +412,25 @@ def check_loss_and_estimator(loss: str, estimator: str) -> None:
             f"model.loss.policy_loss={loss!r} reads one advantage per sequence (its tokens' mean), but "
             f"model.advantages.estimator={estimator!r} gives per-token advantages from a critic: pick a per-token "
             f"loss, one of {per_token}, or model.algorithm: grpo"
+        )
+
+
+def check_estimator_and_algorithm(estimator: str, algorithm: str, *, critic: bool) -> None:
+    """Refuse an estimator that needs a critic's values without a critic (``critic``: ``model.algorithm: ppo`` with
+    its ``model.ppo`` settings), and one that uses no critic under PPO, which would train a critic on nothing."""
+    needs_values = estimator_needs_values(estimator)
+    fitting = tuple(n for n in ADVANTAGE_ESTIMATORS.names() if estimator_needs_values(n) != needs_values)
+    if needs_values and not critic:
+        raise ValueError(
+            f"model.advantages.estimator={estimator!r} needs a critic's values, but model.algorithm is "
+            f"{algorithm!r}: set model.algorithm: ppo (the critic is configured in model.ppo) or pick an "
+            f"estimator without a critic, one of {fitting}"
+        )
+    if not needs_values and algorithm == "ppo":
+        raise ValueError(
+            f"model.algorithm='ppo' trains a critic on the estimator's returns, but "
+            f"model.advantages.estimator={estimator!r} uses no critic: pick one that does, one of {fitting}, "
+            "or set model.algorithm: grpo"
         )
 
 

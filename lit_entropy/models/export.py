@@ -25,6 +25,7 @@ __all__ = [
     "default_export_dir",
     "export_hf_model",
     "export_policy",
+    "exports_at_train_end",
     "is_export",
 ]
 
@@ -199,6 +200,18 @@ def export_policy(
         strategy.barrier("export_pretrained")
     rank_zero_info(f"lit_entropy: exported the policy to {path}")
     return str(path)
+
+
+def exports_at_train_end(logging: Any, trainer: Any) -> bool:
+    """Whether a run with ``model.logging.export_on_train_end`` can export: it has ``model.logging.export_dir`` or a
+    logger (whose directory holds ``hf_model``); without either it warns, as the default would be the working
+    directory."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+    if logging.export_dir is not None or trainer.loggers:
+        return True
+    rank_zero_warn("lit_entropy: no logger and model.logging.export_dir is null: the policy is not exported")
+    return False
 
 
 def export_module(module: Any, path: str | os.PathLike | None) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "informative_groups",
     "fill_scalars",
     "loss_scalars",
+    "module_tag_plan",
     "peak_memory_mb",
     "samples_markdown",
 ]
@@ -136,6 +137,20 @@ class DashboardRun:
     eos_token_ids: tuple[int, ...]
     device: torch.device
     log: Callable[..., Any]
+
+
+def module_tag_plan(module: Any, trainer: Any, updates_per_batch: int) -> TagPlan:
+    """The :class:`TagPlan` of an :class:`~lit_entropy.module.RFTModule`'s run: its settings and engine, the
+    trainer's token callbacks, ``updates_per_batch`` optimizer steps per rollout batch."""
+    from lit_entropy import protocol
+
+    settings = module.settings
+    return TagPlan.decide(
+        updates_per_batch=updates_per_batch, optim=settings.optim, loss=settings.loss,
+        group_size=settings.sampling.num_samples, rollout_engine=module.rollout_engine,
+        mask_providers=len(protocol.token_mask_providers(trainer)),
+        coefficient_providers=len(protocol.loss_coefficient_providers(trainer)),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from lit_entropy.distributed.collectives import all_reduce_sum
 from lit_entropy.settings import OptimConfig, UpdateConfig
@@ -15,6 +16,7 @@ __all__ = [
     "build_optimizer",
     "clip_grad_norm_and_agree",
     "lr_multiplier",
+    "optimizer_step_rows",
     "row_slices",
     "schedule_horizon",
     "single_update",
@@ -27,6 +29,16 @@ def row_slices(rows: int, size: int | None) -> Iterator[slice]:
     size = size or rows
     for start in range(0, rows, size):
         yield slice(start, min(start + size, rows))
+
+
+def optimizer_step_rows(rows: int, config: UpdateConfig, device: torch.device, *, in_order: bool) -> Iterator[Tensor]:
+    """The rows of each optimizer step on a rollout batch of ``rows`` sequences: ``config.epochs`` passes, each a
+    fresh permutation (``torch.randperm``) cut into mini-batches; ``in_order``: the rows in their original order
+    (a reused statistics forward covers them so)."""
+    for _ in range(config.epochs):
+        order = torch.arange(rows, device=device) if in_order else torch.randperm(rows, device=device)
+        for mini in row_slices(rows, config.mini_batch_size):
+            yield order[mini]
 
 
 def updates_per_batch(rows: int, config: UpdateConfig) -> int:

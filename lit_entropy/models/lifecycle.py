@@ -1,0 +1,113 @@
+"""The lifecycle of an :class:`~lit_entropy.module.RFTModule`'s models and rollout engine, apart from the algorithm.
+
+:class:`ModelLifecycle` is the LightningModule base of ``RFTModule``: it loads the models when Lightning asks
+(``configure_model``, FSDP2-sharded under ``ModelParallelStrategy``), loads the tokenizer and attaches the rollout
+engine at ``setup`` (closing at ``teardown`` an engine it started), brings the bundled callbacks along, and exports
+the trained policy. ``RFTModule`` (:mod:`lit_entropy.module`) reads as the algorithm: one training step and its phases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule
+from torch import nn
+
+from lit_entropy.data.source import PromptSource
+from lit_entropy.internals.lightning import attached_trainer
+from lit_entropy.rollout.base import RolloutEngine
+from lit_entropy.settings import RFTSettings
+from lit_entropy.step.packing import check_packing_attention
+
+__all__ = ["ModelLifecycle"]
+
+
+class ModelLifecycle(LightningModule):
+    """Loading, sharding and exporting the policy (and the frozen reference, the critic, the PPO value head); the
+    tokenizer; the rollout engine's attach and close. A subclass sets ``settings``, ``model_name_or_path`` and
+    ``rollout_engine`` in its ``__init__``."""
+
+    settings: RFTSettings
+    model_name_or_path: str
+    rollout_engine: RolloutEngine
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Built in configure_model (models.RFTModels): policy, frozen reference, critic, PPO value head.
+        self.policy: nn.Module | None = None
+        self.ref_model: nn.Module | None = None
+        self.critic: nn.Module | None = None
+        self.value_head: nn.Module | None = None
+        self.tokenizer: Any = None
+        self.stop_ids: tuple[int, ...] = ()  # EOS ids of setup: the tokenizer's and the generation config's
+        self.owns_rollout_engine = False  # this module started the engine, so it closes it
+        self.export_path: str | None = None
+        self._own_callbacks: list[Callback] | None = None
+
+    def configure_model(self) -> None:
+        """Load the policy (and the frozen reference / critic when configured); idempotent."""
+        if self.policy is not None:
+            return
+        from lit_entropy.models.loading import load_rft_models
+
+        for name, model in vars(load_rft_models(self.settings, self.model_name_or_path)).items():
+            setattr(self, name, model)  # policy, ref_model, critic, value_head
+        if self.settings.update.pack_sequences:
+            check_packing_attention(self.policy, self.ref_model, self.critic)
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
+            from lit_entropy.distributed.fsdp2 import module_param_dtype, shard_models
+
+            dtype = module_param_dtype(self.settings.policy.fsdp_param_dtype, attached_trainer(self))
+            shard_models(self, self.device_mesh, dtype)
+            # FSDP2 loads model states strictly; the frozen reference and a LoRA policy's base are not in checkpoints.
+            self.strict_loading = self.ref_model is None and self.settings.policy.lora is None
+
+    def setup(self, stage: str) -> None:
+        """Load the tokenizer, check that the longest prompt plus the longest completion fit the model's context, and
+        attach the rollout engine (model, EOS and pad ids, seed)."""
+        from lit_entropy.models.loading import check_context_length, eos_token_ids, load_tokenizer
+
+        self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
+        data = getattr(attached_trainer(self), "datamodule", None)
+        longest = data.longest_prompt_tokens() if isinstance(data, PromptSource) else None
+        evaluation = self.settings.evaluation.sampling_config(self.settings.sampling)
+        needed = max(self.settings.sampling.max_new_tokens, evaluation.max_new_tokens)
+        check_context_length(self.model_name_or_path, longest, needed)
+        self.stop_ids = eos_token_ids(self.model_name_or_path, self.tokenizer)  # one EOS set for both engines
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        seed = torch.initial_seed() % 2**31
+        self.owns_rollout_engine |= self.rollout_engine.attach(
+            self.model_name_or_path, list(self.stop_ids) or None, eos if pad is None else pad, seed
+        )
+
+    def teardown(self, stage: str) -> None:
+        # Only an engine this module started is closed; one started by the user belongs to the user.
+        if self.owns_rollout_engine:
+            self.rollout_engine.close()
+            self.owns_rollout_engine = False
+
+    def configure_callbacks(self) -> list[Callback]:
+        """The :mod:`~lit_entropy.callbacks.bundled` callbacks (checkpoints, HPARAMS, overview, console, step axis).
+
+        The same instances on every call (the validation before training and ``fit`` share their state), and
+        only those whose type the trainer lacks: a callback of that type passed to the Trainer wins.
+        """
+        from lit_entropy.callbacks.bundled import bundled_callbacks, missing_callbacks
+
+        self._own_callbacks = self._own_callbacks or bundled_callbacks()
+        return missing_callbacks(attached_trainer(self), self._own_callbacks)
+
+    def on_train_end(self) -> None:
+        from lit_entropy.models.export import exports_at_train_end
+
+        if self.settings.logging.export_on_train_end and exports_at_train_end(self.settings.logging, self.trainer):
+            self.export_pretrained()
+
+    def export_pretrained(self, path: str | None = None) -> str:
+        """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it (default:
+        ``model.logging.export_dir``, else ``<log_dir>/hf_model``; under FSDP2 every rank calls it, rank 0 writes)."""
+        from lit_entropy.models.export import export_module
+
+        self.export_path = export_module(self, path or self.settings.logging.export_dir)
+        return self.export_path

@@ -17,11 +17,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
-from lit_entropy.checkpointing.frozen import drop_frozen_weights, restore_frozen_weights
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
-from lit_entropy.models.lifecycle import ModelLifecycle
+from lit_entropy.models.frozen import drop_frozen_weights, restore_frozen_weights
 from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.reporting.dashboard import (
     DashboardRun,
@@ -69,6 +68,7 @@ from lit_entropy.step.schedule import optimizer_step_rows
 from lit_entropy.step.skips import SkippedUpdates
 from lit_entropy.step.statistics import reuses_statistics_forward, statistics_pass
 from lit_entropy.step.token_requests import apply_token_requests
+from lit_entropy.training.lifecycle import ModelLifecycle
 
 __all__ = ["RFTModule"]
 
@@ -79,7 +79,7 @@ Batch = dict[str, Any]
 class RFTModule(ModelLifecycle):
     """Reinforcement fine-tuning (GRPO or PPO) of a Hugging Face causal LM.
 
-    Models, tokenizer, rollout engine and export: :class:`~lit_entropy.models.lifecycle.ModelLifecycle`. Implements
+    Models, tokenizer, rollout engine and export: :class:`~lit_entropy.training.lifecycle.ModelLifecycle`. Implements
     :class:`lit_entropy.protocol.TokenMaskingModule`: callbacks such as
     :class:`~lit_entropy.callbacks.EntropyDiscriminatorClipping` provide keep masks, penalties and loss
     coefficients once per rollout batch.

@@ -1,5 +1,4 @@
-"""Lightning callbacks of lit_entropy: token-mask / penalty providers and entropy diagnostics (and, in
-:mod:`~lit_entropy.callbacks.bundled`, the checkpointing and reporting callbacks every run brings along).
+"""Lightning callbacks of lit_entropy: token-mask / penalty providers and entropy diagnostics.
 
 Every provider here implements :mod:`lit_entropy.protocol` on the one base
 :class:`~lit_entropy.callbacks.base.TokenCallback`; several compose (keep masks by AND, penalties by

@@ -88,12 +88,12 @@ class ModelLifecycle(LightningModule):
             self.owns_rollout_engine = False
 
     def configure_callbacks(self) -> list[Callback]:
-        """The :mod:`~lit_entropy.callbacks.bundled` callbacks (checkpoints, HPARAMS, overview, console, step axis).
+        """The :mod:`~lit_entropy.training.bundled` callbacks (checkpoints, HPARAMS, overview, console, step axis).
 
         The same instances on every call (the validation before training and ``fit`` share their state), and
         only those whose type the trainer lacks: a callback of that type passed to the Trainer wins.
         """
-        from lit_entropy.callbacks.bundled import bundled_callbacks, missing_callbacks
+        from lit_entropy.training.bundled import bundled_callbacks, missing_callbacks
 
         self._own_callbacks = self._own_callbacks or bundled_callbacks()
         return missing_callbacks(attached_trainer(self), self._own_callbacks)

@@ -120,7 +120,7 @@ class RFTModule(ModelLifecycle):
         self.settings = RFTSettings.build(**groups)
         self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
-        self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path)
+        self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path, convert=False)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)

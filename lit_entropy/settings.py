@@ -194,7 +194,7 @@ class RewardConfig:
     """How completions are scored, and what counts as a correct answer."""
 
     fn: str = "exact_match"
-    """``exact_match``, ``math_verify`` or an import path ``pkg.module:function`` (sys.path, else the working dir)."""
+    """``exact_match``, ``math_verify``, ``word_problem`` or ``pkg.module:function`` (sys.path, else working dir)."""
     correct_threshold: float = 1.0
     """A sample counts as correct for Avg@K / Pass@K when its reward is >= this (1.0 suits 0/1 rewards)."""
     overlong_buffer: int = 0

@@ -216,7 +216,8 @@ def test_resolve_failures(user_rewards: str) -> None:
     ):
         resolve_reward_fn("my_rewards_pkg.broken:fn")
     with pytest.raises(
-        ValueError, match=r"model.reward.fn: expected a built-in reward \(exact_match, math_verify\).*got 'exactmatch'"
+        ValueError,
+        match=r"model.reward.fn: expected a built-in reward \(exact_match, math_verify, word_problem\).*'exactmatch'",
     ):
         resolve_reward_fn("exactmatch")
     with pytest.raises(

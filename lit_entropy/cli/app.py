@@ -307,13 +307,13 @@ def quiet_checkpoint_restore() -> None:
 
 def check_model_paths(model: Any) -> None:
     """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
-    from lit_entropy.models.packaged import is_packaged_name
+    from lit_entropy.models.packaged import is_packaged_name, resolve_model_path
     from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 
     try:
         path = getattr(model, "model_name_or_path", None)
-        if path is not None:
-            check_model_dir(path, MODEL_PATH_SETTING)
+        if path is not None:  # a packaged name is converted here (once), before any training starts
+            check_model_dir(resolve_model_path(path), MODEL_PATH_SETTING)
         ppo = model.settings.ppo if hasattr(model, "settings") else None
         critic = ppo.critic_model_name_or_path if ppo is not None else None
         if critic is not None and not is_packaged_name(critic):

@@ -46,7 +46,9 @@ def export_main(args: list[str] | None = None) -> str:
     if tokenizer is None:  # not set up: the tokenizer of the model the run started from
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(module.model_name_or_path)
+        from lit_entropy.models.packaged import resolve_model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(module.model_name_or_path))
     path = export_hf_model(module.policy, tokenizer, options.out, overwrite=options.overwrite, merge=options.merge)
     print(f"lit_entropy: exported the policy of {options.ckpt_path} to {path}")
     return str(path)

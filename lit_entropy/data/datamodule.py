@@ -114,6 +114,9 @@ class PromptDataModule(LightningDataModule):
     * ``"package.module:function"``: a Python function, imported (from the working directory too) and called
       without arguments; it returns the rows (a list of dicts, or a ``datasets.Dataset``). The split settings
       do not apply: name one function per split (``my_task:train_rows``, ``my_task:val_rows``).
+    * ``"word_problems"`` / ``"word_problems_1op"``: embedded grade-school word problems with 1-3 operations / one
+      (``lit_entropy.data.word_problems``; reward ``word_problem``), for a real chat model (``apply_chat_template``);
+      as for arithmetic, plus ``val_split: test`` for the test split and ``class_key: operations``.
     * a local file (``.json``, ``.jsonl``, ``.parquet``, ``.csv``), loaded with
       ``datasets.load_dataset(<builder>, data_files=path)`` into split ``"train"``; a local directory,
       loaded with ``datasets.load_dataset(dir)`` (splits inferred from the file names, e.g.
@@ -163,8 +166,8 @@ class PromptDataModule(LightningDataModule):
         max_prompt_length: Longest allowed prompt in tokens; None checks only the tokenizer's own
             ``model_max_length`` (when that is a real limit). Longer prompts raise in :meth:`setup`.
         filter_overlong_prompts: Drop prompts over the limits instead of raising (as verl's knob).
-        num_train_examples: Training problems drawn from the ``"arithmetic"`` task.
-        num_val_examples: Validation problems drawn from the ``"arithmetic"`` task.
+        num_train_examples: Training problems drawn from an embedded task (``arithmetic``, ``word_problems``).
+        num_val_examples: Validation problems drawn from an embedded task.
         max_train_samples: Keep only the first N training rows of any source (None keeps all).
         max_val_samples: Keep only the first N validation rows of any source (None keeps all).
         seed: Seeds the arithmetic problems and the training shuffle order.
@@ -257,7 +260,7 @@ class PromptDataModule(LightningDataModule):
             ("train_dataset", self.train_dataset, self.train_split),
             ("val_dataset", self.val_dataset, self.val_split),
         ):
-            if spec is None or spec == ARITHMETIC_DATASET or reading.is_function(spec) or reading.is_local(spec):
+            if spec is None or reading.is_embedded(spec) or reading.is_function(spec) or reading.is_local(spec):
                 continue
             split_setting = "train_split" if setting == "train_dataset" else "val_split"
             reading.load_hub(setting, spec, split_setting, split, self.cache_dir)
@@ -460,6 +463,13 @@ class PromptDataModule(LightningDataModule):
                 self.seed,
                 self.arithmetic_options,
             )
+            if limit is not None and limit < len(table):
+                table = table.select(range(limit))
+            return table, ("prompt_key", "prompt"), ("answer_key", "answer")
+        if reading.is_embedded(spec):  # word problems: validation draws its split, or "test" where val_split says so
+            count_setting = f"num_{role}_examples"
+            split = "train" if role == "train" else ("test" if self.val_split == "test" else "validation")
+            table = reading.load_word_problems(spec, split, getattr(self, count_setting), count_setting, self.seed)
             if limit is not None and limit < len(table):
                 table = table.select(range(limit))
             return table, ("prompt_key", "prompt"), ("answer_key", "answer")

@@ -21,10 +21,12 @@ __all__ = [
     "BUILDERS",
     "check_utf8",
     "extract_field",
+    "is_embedded",
     "is_function",
     "is_local",
     "load_arithmetic",
     "load_function",
+    "load_word_problems",
     "load_hub",
     "load_local",
     "load_table",
@@ -103,6 +105,28 @@ def load_arithmetic(split: str, count: int, count_setting: str, seed: int, optio
             f"arithmetic_options={dict(options)!r}: {err}"
         ) from err
     return datasets.Dataset.from_list(rows)
+
+
+def load_word_problems(task: str, split: str, count: int, count_setting: str, seed: int) -> Any:
+    """``count`` problems of the embedded word-problem ``task`` (``"word_problems"``: 1-3 operations,
+    ``"word_problems_1op"``: one) from ``split`` as a ``datasets.Dataset`` with ``prompt`` / ``answer`` /
+    ``operations`` columns (see :mod:`lit_entropy.data.word_problems`)."""
+    import datasets
+
+    from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS, make_word_problems
+
+    try:
+        rows = make_word_problems(split, count, seed=seed, operations=WORD_PROBLEM_TASKS[task])
+    except ValueError as err:
+        raise ValueError(f"cannot build the {task} {split!r} split with {count_setting}={count}: {err}") from err
+    return datasets.Dataset.from_list(rows)
+
+
+def is_embedded(spec: str | None) -> bool:
+    """Whether ``spec`` names an embedded generated task (no file, no download)."""
+    from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS
+
+    return spec == ARITHMETIC_DATASET or spec in WORD_PROBLEM_TASKS
 
 
 def load_table(

@@ -143,12 +143,12 @@ def resolve_model_path(name_or_path: str | None, setting: str = "model.policy.mo
     return str(packaged_model_dir(name_or_path, setting))
 
 
-def policy_model_path(name_or_path: str | None) -> str:
-    """The directory (or hub id) the policy loads from: a packaged name's converted directory, the path given, or
-    for None the embedded default model."""
+def policy_model_path(name_or_path: str | None, *, convert: bool = True) -> str:
+    """The directory (or hub id) the policy loads from: a packaged name's converted directory (with ``convert``;
+    without it the name itself, resolved later), the path given, or for None the embedded default model."""
     from lit_entropy.assets import default_model_path
 
-    return resolve_model_path(name_or_path) or default_model_path()
+    return (resolve_model_path(name_or_path) if convert else name_or_path) or default_model_path()
 
 
 def convert_packaged_model(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> None:

@@ -67,7 +67,9 @@ class ModelLifecycle(LightningModule):
         """Load the tokenizer, check that the longest prompt plus the longest completion fit the model's context, and
         attach the rollout engine (model, EOS and pad ids, seed)."""
         from lit_entropy.models.loading import check_context_length, eos_token_ids, load_tokenizer
+        from lit_entropy.models.packaged import policy_model_path
 
+        self.model_name_or_path = policy_model_path(self.model_name_or_path)  # a packaged name: converted once
         self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
         data = getattr(attached_trainer(self), "datamodule", None)
         longest = data.longest_prompt_tokens() if isinstance(data, PromptSource) else None

@@ -106,7 +106,10 @@ def test_fit_validate_and_export_by_name(model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["lit-entropy"])
     common = [
         f"--model.policy.model_name_or_path={NAME}",
+        "--data.train_dataset=word_problems_1op",
+        "--data.val_dataset=word_problems_1op",
         "--data.apply_chat_template=true",
+        "--model.reward.fn=word_problem",
         "--data.batch_size=1",
         "--data.val_batch_size=2",
         "--data.num_train_examples=4",
@@ -138,3 +141,31 @@ def test_fit_validate_and_export_by_name(model_dir, tmp_path, monkeypatch):
     weights = exported.state_dict()
     assert policy and all(torch.equal(weights[k], v) for k, v in policy.items() if k in weights)
     assert set(weights) - set(policy) <= {"lm_head.weight"}  # tied to the embedding
+
+
+def test_own_jsonl_of_word_problems_with_the_packaged_model(model_dir, tmp_path):
+    """README's "your own word problems" path: a jsonl with question / answer columns, the packaged name as the
+    tokenizer, the chat template; no "need the tokenizer" and no "cannot encode" errors."""
+    import json
+
+    from lit_entropy.data.datamodule import PromptDataModule
+
+    rows = [{"question": "Ana has 1,200 stamps and buys 5 more. How many now?", "answer": "1205"}] * 3
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    module = PromptDataModule(
+        train_dataset=str(data),
+        val_dataset=str(data),
+        prompt_key="question",
+        answer_key="answer",
+        tokenizer_name_or_path=NAME,
+        apply_chat_template=True,
+        batch_size=3,
+    )
+    module.setup("fit")
+    batch = next(iter(module.train_dataloader()))
+    assert batch["answers"] == ["1205"] * 3
+    assert (
+        batch["prompts"][0].startswith("<|im_start|>system\n")
+        and "<|im_start|>user\nAna has 1,200" in batch["prompts"][0]
+    )

@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,10 +28,9 @@ def role_masks(mask: Tensor) -> dict[str, Tensor]:
     return {"strategy": mask & first, "exec": mask & ~first}
 
 
-def read_counts(train_csv: Path) -> dict[int, dict[str, int]]:
-    """``{step: {"strategy": n, "exec": n}}`` masked counts per step of a finished run's ``train.csv``."""
-    with Path(train_csv).open() as f:
-        return {int(r["step"]): {role: int(r[f"masked_n_{role}"]) for role in ROLES} for r in csv.DictReader(f)}
+def read_counts(train_rows: list[dict[str, str]]) -> dict[int, dict[str, int]]:
+    """``{step: {"strategy": n, "exec": n}}`` masked counts per step of a finished run's train rows."""
+    return {int(r["step"]): {role: int(r[f"masked_n_{role}"]) for role in ROLES} for r in train_rows}
 
 
 class ReplayedCountMasking(Callback):

@@ -42,6 +42,8 @@ from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # 
 from forking_sod import claim, write_csv  # noqa: E402
 from forking_study import correct_logprob  # noqa: E402
 
+from scripts.studies.results import collect, is_finished, run_rows  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
 EXP = EXPERIMENTS_DIR / "horizon"
@@ -159,10 +161,7 @@ def train_one(key: Key, steps: int, eval_every: int, exp: Path, experiment: str 
     cli.trainer.callbacks.append(recorder)
     replay = None
     if arm.startswith("replay"):
-        source = exp / "per_run" / run_name(base, "clip_b", seed) / "train.csv"
-        if not source.exists():
-            raise FileNotFoundError(f"{arm} replays {source}: run clip_b {base} seed {seed} first")
-        replay = ReplayedCountMasking(read_counts(source), seed=seed)
+        replay = ReplayedCountMasking(read_counts(run_rows(exp, run_name(base, "clip_b", seed), "train")), seed=seed)
         cli.trainer.callbacks.append(replay)
     t0 = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -181,6 +180,7 @@ def train_one(key: Key, steps: int, eval_every: int, exp: Path, experiment: str 
         "replay_shortfall": None if replay is None else replay.shortfall,
     }
     (run_dir / "done.json").write_text(json.dumps(done) + "\n")
+    collect(exp)  # into the experiment's runs.parquet
 
 
 def planned(bases: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[Key]:
@@ -192,7 +192,7 @@ def planned(bases: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...
 
 
 def is_done(exp: Path, key: Key) -> bool:
-    return (exp / "per_run" / run_name(*key) / "done.json").exists()
+    return is_finished(exp, run_name(*key))
 
 
 def ready(exp: Path, key: Key) -> bool:

@@ -22,8 +22,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from forking_sod_analysis import _read, replace_block, train_summary, verdict
+from forking_sod_analysis import replace_block, train_summary, verdict
 
+from scripts.studies.results import collect
+from scripts.studies.results import load_runs as load_table
 from scripts.studies.statistics import paired_t_interval, sign_flip_test
 from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
@@ -57,15 +59,10 @@ def load_runs(exp: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     """``{(base, arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run; refuses runs
     of more than one code revision."""
     runs = {}
-    for d in sorted((exp / "per_run").glob("*__*__s*")):
-        if not (d / "done.json").exists():
-            continue
-        base, arm, seed = d.name.split("__")
-        runs[(base, arm, int(seed[1:]))] = {
-            "eval": _read(d / "eval.csv"),
-            "train": _read(d / "train.csv"),
-            "done": json.loads((d / "done.json").read_text()),
-        }
+    collect(exp)  # runs finished since (per_run/) join the table first
+    for name, run in load_table(exp).items():
+        base, arm, seed = name.split("__")
+        runs[(base, arm, int(seed[1:]))] = run
     revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
     if len(revisions) > 1:
         raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")

@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
 from forking_sod_design import EXPERIMENTS, Experiment  # noqa: E402
 
+from scripts.studies.results import collect, is_finished, run_rows  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
 #: The task's base model and data (``model/``, ``data/``), shared by every experiment on the task; also the
@@ -198,10 +200,8 @@ def train_one(
     cli.trainer.callbacks.append(recorder)
     replay = None
     if arm.startswith("replay"):
-        source = exp / "per_run" / run_name("clip_b", seed, base) / "train.csv"
-        if not source.exists():
-            raise FileNotFoundError(f"{arm} replays {source}: run clip_b seed {seed} first")
-        replay = ReplayedCountMasking(read_counts(source), by_role=arm == "replay_role", seed=seed)
+        counts = read_counts(run_rows(exp, run_name("clip_b", seed, base), "train"))  # its Clip_B run first
+        replay = ReplayedCountMasking(counts, by_role=arm == "replay_role", seed=seed)
         cli.trainer.callbacks.append(replay)
     t0 = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -221,6 +221,7 @@ def train_one(
         "replay_shortfall": None if replay is None else replay.shortfall,
     }
     (run_dir / "done.json").write_text(json.dumps(done) + "\n")
+    collect(exp)  # into the experiment's runs.parquet
 
 
 #: Experiment E's validity rule for a base model before RL (``experiments/sod_robust/PREREGISTRATION.md``).
@@ -292,7 +293,7 @@ def planned(
 
 def _done(exp: Path, key: Key) -> bool:
     base, arm, seed = key
-    return (exp / "per_run" / run_name(arm, seed, base) / "done.json").exists()
+    return is_finished(exp, run_name(arm, seed, base))
 
 
 def _ready(exp: Path, key: Key) -> bool:

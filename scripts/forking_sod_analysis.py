@@ -26,6 +26,8 @@ from typing import Any
 
 from forking_sod_design import DELTA, EXPERIMENTS, LABELS
 
+from scripts.studies.results import collect
+from scripts.studies.results import load_runs as load_table
 from scripts.studies.statistics import paired_t_interval, sign_flip_test
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,15 +57,10 @@ def _read(path: Path) -> list[dict[str, str]]:
 def load_runs(exp: Path) -> dict[tuple[str, int], dict[str, Any]]:
     """``{(arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run."""
     runs = {}
-    for d in sorted((exp / "per_run").glob("*__s*")):
-        if not (d / "done.json").exists():
-            continue
-        arm, seed = d.name.rsplit("__s", 1)
-        runs[(arm, int(seed))] = {
-            "eval": _read(d / "eval.csv"),
-            "train": _read(d / "train.csv"),
-            "done": json.loads((d / "done.json").read_text()),
-        }
+    collect(exp)  # runs finished since (per_run/) join the table first
+    for name, run in load_table(exp).items():
+        arm, seed = name.rsplit("__s", 1)
+        runs[(arm, int(seed))] = run
     revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
     if len(revisions) > 1:
         raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")

@@ -155,8 +155,8 @@ def test_block_of_an_experiment_without_runs(tmp_path):
 def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
     an = load_script("forking_horizon_analysis")
     exp = EXP.parent / experiment
-    if (exp / "per_run").exists():
-        shutil.copytree(exp / "per_run", tmp_path / "per_run")
+    if (exp / "runs.parquet").exists():
+        shutil.copy(exp / "runs.parquet", tmp_path / "runs.parquet")
     an.analyze(tmp_path, experiment=experiment)
     option = "" if experiment == "horizon" else f" --experiment {experiment}"
     stale = f"stale: run python scripts/forking_horizon.py{option} --analyze --update-readme"

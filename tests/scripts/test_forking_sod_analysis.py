@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from _scripts import load_script
 
+from scripts.studies.results import run_names
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
@@ -116,16 +118,16 @@ def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
     exp = SCRIPTS / "forking" / "experiments" / design.directory
     text = an.README.read_text()
     block = text.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
-    if not any((exp / "per_run").glob("*/done.json")):
+    if not run_names(exp):
         assert block == "(no runs analysed yet)"
         return
-    shutil.copytree(exp / "per_run", tmp_path / "per_run")
+    shutil.copy(exp / "runs.parquet", tmp_path / "runs.parquet")
     an.analyze(tmp_path, experiment=experiment)
     assert (tmp_path / "readme_block.md").read_text().rstrip() == block
     # every committed run of the experiment is one of its pre-registered (arm, seed) runs
-    for d in (exp / "per_run").glob("*/done.json"):
-        arm, seed = d.parent.name.rsplit("__s", 1)
-        assert arm in design.arms and int(seed) in design.seeds, d.parent.name
+    for name in run_names(exp):
+        arm, seed = name.rsplit("__s", 1)
+        assert arm in design.arms and int(seed) in design.seeds, name
 
 
 def test_clip_v_amendment_judges_its_arms_within_its_commit(tmp_path):
@@ -145,7 +147,7 @@ def test_clip_v_amendment_judges_its_arms_within_its_commit(tmp_path):
         ("clip_v_rescaled", "clip_b", [0, 1]),
     ]
     block = (tmp_path / "readme_block.md").read_text()
-    assert "--experiment sod_clipv --analyze" in block and "experiments/sod_clipv/per_run/" in block
+    assert "--experiment sod_clipv --analyze" in block and "experiments/sod_clipv/runs.parquet" in block
     assert "Status: 9 of the 32 pre-registered runs have finished." in block
     # one comparison by hand: clip_v_rescaled - grpo avg@64 per seed is the mean over the two prompts
     d = [(0.50 - 0.30) * 0.75, (0.62 - 0.40) * 0.75]  # sum prompt p, diff prompt p / 2: mean of p and p / 2

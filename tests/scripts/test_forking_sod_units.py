@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from _scripts import load_script
 
+from scripts.studies.results import run_names
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
@@ -159,13 +161,13 @@ def test_robust_block_matches_the_committed_runs(tmp_path):
     block = text.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
     docs = (SCRIPTS.parent / "docs" / "study.md").read_text()
     short = docs.split(f"<!-- {design.marker}:begin -->\n", 1)[1].split(f"\n<!-- {design.marker}:end -->", 1)[0]
-    if not any((exp / "per_run").glob("*/done.json")):
+    if not run_names(exp):
         assert block == short == "(no runs analysed yet)"
         return
-    shutil.copytree(exp / "per_run", tmp_path / "per_run")
+    shutil.copy(exp / "runs.parquet", tmp_path / "runs.parquet")
     an.analyze(tmp_path, experiment="sod_robust")
     assert (tmp_path / "readme_block.md").read_text().rstrip() == block
     assert (tmp_path / "docs_block.md").read_text().rstrip() == short
-    for d in (exp / "per_run").glob("*/done.json"):  # every committed run is a pre-registered one
-        base, arm, seed = d.parent.name.split("__")
-        assert base in design.bases and arm in design.arms and int(seed[1:]) in design.seeds, d.parent.name
+    for name in run_names(exp):  # every committed run is a pre-registered one
+        base, arm, seed = name.split("__")
+        assert base in design.bases and arm in design.arms and int(seed[1:]) in design.seeds, name

@@ -20,6 +20,18 @@ _LAZY = {
 __all__ = ["EntropyDiscriminatorClipping", "PromptDataModule", "RFTModule", "__version__"]
 
 
+def _silence_known_noise() -> None:
+    # Lightning's cloud-product tip and a torch deprecation inside Lightning 2.6 reach every script that uses
+    # lit_entropy's callbacks and metrics with its own Trainer; nothing there for the user to act on
+    # (lit_entropy.internals.noise lists each message and why). Logging filters and warning filters only.
+    from lit_entropy.internals.noise import silence_known_noise
+
+    silence_known_noise()
+
+
+_silence_known_noise()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)

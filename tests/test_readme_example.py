@@ -66,3 +66,18 @@ def test_example_aligns_logits_with_the_next_token_at_its_temperature(example: d
             entropy = -(log_p.exp() * log_p).sum(-1)
             torch.testing.assert_close(stats.logprobs[:, t].double(), expected, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(stats.entropy[:, t].double(), entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_example_prints_only_its_own_output_and_lightnings_device_lines(tmp_path: Path) -> None:
+    """Issue 35 §7: no Lightning cloud tip, no pytree deprecation from inside Lightning, in a user's own script."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "example.py"
+    script.write_text(_example_code())
+    env = {**os.environ, "PYTHONPATH": str(README.parents[1])}
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    expected = ("GPU available", "TPU available", "`Trainer.fit` stopped: `max_steps=8` reached.", "{'train/clip/high'")
+    assert [line for line in lines if not line.startswith(expected)] == []

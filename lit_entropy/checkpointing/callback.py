@@ -135,6 +135,7 @@ class ResumableCheckpointing(Callback):
         self._saving_mid_step = False
         self._stop_code = 0  # (request kind) * 256 + signal number; the larger request wins
         self._previous_handlers: dict[int, Any] = {}
+        self._interruption: RunInterrupted | None = None  # checkpoint written, the stop not raised yet
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -163,6 +164,7 @@ class ResumableCheckpointing(Callback):
         self._pending = checkpoint.get(_RNG_KEY)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._interruption = None
         load_pending_loader_states(trainer)
         if self._pending:
             rank, world = _world()
@@ -214,7 +216,14 @@ class ResumableCheckpointing(Callback):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous_handlers = {}
 
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_if_interrupted()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_if_interrupted()
+
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_if_interrupted()  # before the module's on_train_end exports
         self._restore_signal_handlers()
         _refresh_last_checkpoints(trainer)
 
@@ -237,7 +246,7 @@ class ResumableCheckpointing(Callback):
             path = hpc_checkpoint_path(trainer)
         else:
             path = _interrupt_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # a full, resumable checkpoint
         self.interrupted_path = path
         self._stop_code = 0
         if code_value == _STOP_REQUEUE:
@@ -247,11 +256,18 @@ class ResumableCheckpointing(Callback):
         else:
             rank_zero_info(resume_hint(trainer, path, signum))
         # Not trainer.should_stop: Lightning would then validate and the module export a half-trained policy,
-        # and the process would exit 0 as if the run had finished.
+        # and the process would exit 0 as if the run had finished. Raised at the next hook (the next batch, a
+        # validation, the end of the epoch or of training), after Lightning logged this batch's scalars.
         self._restore_signal_handlers()
-        raise _record(RunInterrupted(signum, path))
+        self._interruption = RunInterrupted(signum, path)
+
+    def _stop_if_interrupted(self) -> None:
+        interruption, self._interruption = self._interruption, None
+        if interruption is not None:
+            raise _record(interruption)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._stop_if_interrupted()
         self._step_start_state = get_rng_state()
 
     def on_train_batch_end(
@@ -293,7 +309,7 @@ class ResumableCheckpointing(Callback):
         path = _interrupt_checkpoint_path(trainer)
         self._saving_mid_step = self._step_start_state is not None
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # a full, resumable checkpoint
         finally:
             self._saving_mid_step = False
         self.interrupted_path = path

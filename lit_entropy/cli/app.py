@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +15,12 @@ import lit_entropy.callbacks  # noqa: F401  (registers the callbacks: --trainer.
 from lit_entropy import __version__
 from lit_entropy.cli.errors import SettingsError
 from lit_entropy.cli.export import export_main
+from lit_entropy.cli.interrupts import interruption_exit_status
 from lit_entropy.cli.output_paths import check_output_paths
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.preflight import apply_default_budget, check_cadences, preflight_data
+from lit_entropy.cli.quiet import off_terminal, quiet_checkpoint_restore
 from lit_entropy.cli.resume import (
     deep_merge,
     explicit_changes,
@@ -29,10 +29,11 @@ from lit_entropy.cli.resume import (
     resolve_null_estimator,
     resolve_null_loss_agg_mode,
 )
-from lit_entropy.cli.run_dir import claim_version_dirs, place_logger, release_unused_run_dirs
+from lit_entropy.cli.run_dir import claim_version_dirs, loggers_kept_open, place_logger, release_unused_run_dirs
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
 from lit_entropy.internals.cli import append_help
+from lit_entropy.internals.lightning import run_cli_subcommand
 from lit_entropy.module import RFTModule
 from lit_entropy.settings import check_legacy_model_keys
 
@@ -130,7 +131,7 @@ class RFTCLI(LightningCLI):
         # step gives it back, so the next run gets that number and no empty or config-only directory remains.
         self._claimed_run_dirs = claim_version_dirs(self.trainer)
         try:
-            super()._run_subcommand(subcommand)
+            run_cli_subcommand(self, subcommand)  # LightningCLI's own
         except BaseException:
             release_unused_run_dirs(self._claimed_run_dirs, self.trainer)
             raise
@@ -168,6 +169,10 @@ class RFTCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         self.save_config_kwargs["overwrite"] = bool(config.get("overwrite_run", False))
         check_manual_optimization(config["trainer"])
+        if config["trainer"].get("enable_progress_bar") is None and off_terminal():
+            # Off a terminal the step lines of ConsoleMetrics replace Lightning's bar (docs/dashboard.md): its
+            # redraws, v_num and final epoch block are noise in a log file. A bar asked for explicitly stays.
+            config["trainer"]["enable_progress_bar"] = False
         if self.subcommand in ("fit", None):  # None: run=False, a trainer built for fit
             apply_default_budget(config["trainer"])
 
@@ -267,42 +272,6 @@ class RFTCLI(LightningCLI):
         check_output_paths(self.trainer, self.model, fit=False)
         preflight_data(self.datamodule, "test", self.trainer.world_size)
         quiet_checkpoint_restore()
-
-
-@contextmanager
-def loggers_kept_open(trainer: Trainer) -> Iterator[None]:
-    """Inside the block, the end of a ``trainer.validate`` flushes the loggers instead of closing them.
-
-    Lightning finalizes the loggers at the end of every ``trainer.fn``: TensorBoard's writer closes, and the
-    ``fit`` that follows the step-0 validation would open a second event file, so a reader of one file
-    would see the validation curve start at the first in-fit validation. One event stream per run.
-    """
-    originals = {}
-    for logger in trainer.loggers:
-        originals[logger] = logger.finalize
-
-        def flush(status: str, logger: Any = logger) -> None:
-            experiment = getattr(logger, "_experiment", None)
-            if experiment is not None and hasattr(experiment, "flush"):
-                experiment.flush()
-            logger.save()
-
-        logger.finalize = flush
-    try:
-        yield
-    finally:
-        for logger, finalize in originals.items():
-            logger.finalize = finalize
-
-
-def quiet_checkpoint_restore() -> None:
-    """``validate`` / ``test`` never save checkpoints: Lightning's warning, on restoring a ModelCheckpoint's state
-    from ``--ckpt_path``, that "the dirpath has changed ... won't be reloaded" (its best-k bookkeeping) does
-    not apply to them (a run's own validation logs inside the run, see :mod:`lit_entropy.cli.run_dir`, but
-    ``--trainer.logger=false`` or a checkpoint outside its run still moves the directory)."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"The dirpath has changed from .* won't be reloaded")
 
 
 def check_model_paths(model: Any) -> None:
@@ -483,8 +452,9 @@ def main(argv: list[str] | None = None) -> None:
     Settings errors and refused actions (:class:`SettingsError`, an export target that holds other files)
     print one line, ``lit-entropy: error: ...``, and exit with status 2; a user's reward function that fails
     during the run (:class:`~lit_entropy.rewards.RewardFunctionError`) prints one line and exits with status 1.
-    A run stopped by a signal exits as shells expect of a process ended by it (:data:`INTERRUPTED_EXIT`):
-    SIGTERM 143, Ctrl-C 130, after its resumable checkpoint and without validation or export.
+    A run stopped by a signal exits as shells expect of a process ended by it
+    (:data:`~lit_entropy.cli.interrupts.INTERRUPTED_EXIT`): SIGTERM 143, Ctrl-C 130, after its resumable
+    checkpoint and without validation or export.
     Set ``LIT_ENTROPY_TRACEBACK=1`` for the traceback.
     """
     import os
@@ -507,46 +477,6 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"lit-entropy: error: {err}", file=sys.stderr)
         raise SystemExit(1 if isinstance(err, RewardFunctionError) else 2) from None
-
-
-#: Exit status of a run stopped by a signal: 128 + the signal's number, as shells report a process it ended.
-INTERRUPTED_EXIT = {"SIGTERM": 143, "SIGINT": 130}
-
-
-@contextmanager
-def interruption_exit_status() -> Iterator[None]:
-    """Exit 143 (SIGTERM) or 130 (Ctrl-C) when the command is interrupted, whatever Lightning exits with.
-
-    ``fit`` itself ends a signalled run with :class:`~lit_entropy.checkpointing.RunInterrupted` (its
-    checkpoint and resume command already printed); Lightning ends a Ctrl-C with ``sys.exit(1)`` and a
-    SIGTERM during a validation with a ``SystemExit`` of status 0: those become 130 and 143. A Ctrl-C
-    before training (loading the model) prints one line instead of a traceback.
-    """
-    import signal
-
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from lit_entropy.checkpointing import RunInterrupted, take_interruption
-
-    take_interruption()  # a previous in-process command's
-    try:
-        yield
-    except RunInterrupted:
-        raise
-    except SIGTERMException:
-        interruption = RunInterrupted(signal.SIGTERM, None)
-    except KeyboardInterrupt:
-        interruption = RunInterrupted(signal.SIGINT, None)
-    except SystemExit:
-        recorded = take_interruption()
-        if recorded is None:
-            raise
-        interruption = recorded
-    else:
-        return
-    if interruption.path is None:  # else the checkpoint and the resume command are printed already
-        print(f"lit-entropy: {interruption} before the first training step; nothing to resume", file=sys.stderr)
-    raise SystemExit(interruption.code)
 
 
 if __name__ == "__main__":

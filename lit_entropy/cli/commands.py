@@ -35,9 +35,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{HELP.splitlines()[0]}\nlit-entropy: error: {problem}; choose one of {', '.join(COMMANDS)}\n"
         )
         raise SystemExit(2)
-    from lit_entropy.cli.quiet import silence_known_noise
+    from lit_entropy.cli.quiet import silence_known_noise, silence_progress_bars
 
     silence_known_noise()
+    silence_progress_bars()
     from lit_entropy.cli.app import main as run
 
     run(argv)

@@ -1,59 +1,60 @@
-"""Messages of Lightning and torch that tell a lit-entropy user nothing they can act on, silenced by the CLI.
-
-Each entry says why it is noise for our users. What a user must act on (settings refused, a checkpoint
-directory reused by a new run, an untrusted remote checkpoint, ...) is left alone.
-"""
+"""Quiet output of the command line: the known noise (:mod:`lit_entropy.internals.noise`), progress bars off a terminal,
+and info lines dropped inside a block."""
 
 from __future__ import annotations
 
 import logging
-import warnings
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["LOG_NOISE", "WARNING_NOISE", "quiet_log_lines", "silence_known_noise"]
+from lit_entropy.internals.noise import LIGHTNING_LOGGERS, LOG_NOISE, WARNING_NOISE, DropPrefixes, silence_known_noise
 
-#: Lightning info lines (prefixes) that say nothing to a lit-entropy user.
-LOG_NOISE = (
-    # Advertisements for Lightning's cloud products, printed by every Trainer.
-    "💡 Tip:",
-    # RFTModule.configure_optimizers reads the number of steps for the LR schedule; nothing to act on.
-    "Loading `train_dataloader` to estimate number of stepping batches.",
-)
-
-#: Warning messages (regular expressions matched at the start) that say nothing to a lit-entropy user.
-WARNING_NOISE = (
-    # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; fixed by upgrading Lightning, not by us.
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-)
-
-_LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+__all__ = [
+    "LOG_NOISE",
+    "WARNING_NOISE",
+    "off_terminal",
+    "quiet_checkpoint_restore",
+    "quiet_log_lines",
+    "silence_known_noise",
+    "silence_progress_bars",
+]
 
 
-class _DropPrefixes(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.prefixes)
+def off_terminal(stream: Any = None) -> bool:
+    """Whether ``stream`` (default ``sys.stdout``) goes to a file or a pipe (CI logs, ``nohup``, SLURM files)."""
+    stream = sys.stdout if stream is None else stream
+    return not stream.isatty()
 
 
-def silence_known_noise() -> None:
-    """Drop :data:`LOG_NOISE` lines and :data:`WARNING_NOISE` warnings for the rest of the process (idempotent)."""
-    for name in _LIGHTNING_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropPrefixes) and f.prefixes == LOG_NOISE for f in logger.filters):
-            logger.addFilter(_DropPrefixes(LOG_NOISE))
-    for message in WARNING_NOISE:
-        warnings.filterwarnings("ignore", message=message)
+def silence_progress_bars() -> None:
+    """Off a terminal: no transformers / Hugging Face Hub progress bars ("Loading weights", "Writing model
+    shards"); in a file each redraw is a line of ``\r``-separated bars. Must run before transformers is
+    imported (it reads the setting once); a value the user set is kept. Lightning's own bar is turned off by
+    the command line (``trainer.enable_progress_bar``), where :class:`~lit_entropy.reporting.ConsoleMetrics`
+    prints step lines instead.
+    """
+    if off_terminal(sys.stderr):  # where tqdm draws
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def quiet_checkpoint_restore() -> None:
+    """``validate`` / ``test`` never save checkpoints: Lightning's warning, on restoring a ModelCheckpoint's state
+    from ``--ckpt_path``, that "the dirpath has changed ... won't be reloaded" (its best-k bookkeeping) does
+    not apply to them (a run's own validation logs inside the run, see :mod:`lit_entropy.cli.run_dir`, but
+    ``--trainer.logger=false`` or a checkpoint outside its run still moves the directory)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from .* won't be reloaded")
 
 
 @contextmanager
 def quiet_log_lines(*prefixes: str) -> Iterator[None]:
     """Drop Lightning / lit_entropy info lines starting with ``prefixes`` inside the block."""
-    drop = _DropPrefixes(prefixes)
-    loggers = [logging.getLogger(name) for name in _LIGHTNING_LOGGERS]
+    drop = DropPrefixes(prefixes)
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
     for logger in loggers:
         logger.addFilter(drop)
     try:

@@ -13,10 +13,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpoint_run_dir", "claim_version_dirs", "place_logger", "release_unused_run_dirs"]
+__all__ = [
+    "checkpoint_run_dir",
+    "claim_version_dirs",
+    "loggers_kept_open",
+    "place_logger",
+    "release_unused_run_dirs",
+]
 
 #: Environment variable through which the other ranks of a run learn the versions rank 0 claimed
 #: (Lightning starts them with rank 0's environment): ``{logger root directory: version number}``.
@@ -90,29 +98,38 @@ def claim_version_dirs(trainer: Any) -> list[Path]:
     only; the other takes the next number. Loggers with a version set (a resumed run, ``--trainer.logger
     .init_args.version``) and remote directories are left alone. Ranks other than 0 take rank 0's versions.
     """
-    from lightning.fabric.utilities.rank_zero import _get_rank
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    rank = _get_rank() or 0
+    from lit_entropy.internals.lightning import (
+        logger_version_if_set,
+        next_logger_version,
+        process_rank,
+        set_logger_version,
+    )
+
+    rank = process_rank()
     inherited = json.loads(os.environ.get(CLAIMED_VERSIONS_ENV) or "{}") if rank != 0 else {}
     claimed: list[Path] = []
     for logger in trainer.loggers:
-        root = getattr(logger, "root_dir", None)
-        if root is None or getattr(logger, "_version", 0) is not None or "://" in str(root):
+        if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger_version_if_set(logger) is not None:
+            continue
+        root = logger.root_dir
+        if "://" in str(root):
             continue
         key = str(Path(root).absolute())
         if rank != 0:
             if key in inherited:
-                logger._version = inherited[key]
+                set_logger_version(logger, inherited[key])
             continue
         Path(root).mkdir(parents=True, exist_ok=True)
-        version = logger._get_next_version()
+        version = next_logger_version(logger)
         while True:
             try:
                 os.mkdir(Path(root) / f"version_{version}")
                 break
             except FileExistsError:  # another run took it between the listing and now
                 version += 1
-        logger._version = version
+        set_logger_version(logger, version)
         claimed.append(Path(root) / f"version_{version}")
         inherited[key] = version
     if claimed:
@@ -138,3 +155,31 @@ def release_unused_run_dirs(claimed: list[Path], trainer: Any) -> list[Path]:
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed
+
+
+@contextmanager
+def loggers_kept_open(trainer: Any) -> Iterator[None]:
+    """Inside the block, the end of a ``trainer.validate`` flushes the loggers instead of closing them.
+
+    Lightning finalizes the loggers at the end of every ``trainer.fn``: TensorBoard's writer closes, and the
+    ``fit`` that follows the step-0 validation would open a second event file, so a reader of one file
+    would see the validation curve start at the first in-fit validation. One event stream per run.
+    """
+    from lit_entropy.internals.lightning import logger_experiment_if_open
+
+    originals = {}
+    for logger in trainer.loggers:
+        originals[logger] = logger.finalize
+
+        def flush(status: str, logger: Any = logger) -> None:
+            experiment = logger_experiment_if_open(logger)
+            if experiment is not None and hasattr(experiment, "flush"):
+                experiment.flush()
+            logger.save()
+
+        logger.finalize = flush
+    try:
+        yield
+    finally:
+        for logger, finalize in originals.items():
+            logger.finalize = finalize

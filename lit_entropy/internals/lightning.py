@@ -24,7 +24,13 @@ __all__ = [
     "hpc_resume_path_in",
     "last_saved_step",
     "load_pending_loader_states",
+    "logger_experiment_if_open",
     "logger_step",
+    "logger_version_if_set",
+    "next_logger_version",
+    "process_rank",
+    "run_cli_subcommand",
+    "set_logger_version",
     "mark_saved_step",
     "rewind_logger_step",
     "saved_loader_states",
@@ -175,3 +181,42 @@ def add_subcommand_parsers(cli: Any, parser: Any, commands: dict[str, str], **kw
         options = {"description": f"lit-entropy {name}: {text}", **kwargs.get(name, {})}
         cli._subcommand_parsers[name] = cli._prepare_subcommand_parser(cli.trainer_class, name, **options)
         subcommands.add_subcommand(name, cli._subcommand_parsers[name], help=text)
+
+
+# --------------------------------------------------------------------------- loggers' versions, the CLI's run
+
+
+def logger_version_if_set(logger: Any) -> Any | None:
+    """A TensorBoard / CSV logger's version as given or already chosen, None while Lightning has not picked one
+    (reading ``logger.version`` would pick it)."""
+    return logger._version
+
+
+def set_logger_version(logger: Any, version: int | str) -> None:
+    """Fix the version a TensorBoard / CSV logger logs under (its ``log_dir`` is ``root_dir/version_<N>``)."""
+    logger._version = version
+
+
+def next_logger_version(logger: Any) -> int:
+    """The number Lightning would pick: one above the highest ``version_<N>`` directory of ``logger.root_dir``."""
+    return int(logger._get_next_version())
+
+
+def logger_experiment_if_open(logger: Any) -> Any | None:
+    """The logger's writer (TensorBoard's ``SummaryWriter``) when it was created, else None (not created by this)."""
+    return getattr(logger, "_experiment", None)
+
+
+def process_rank() -> int:
+    """This process's global rank from the launcher's environment (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``,
+    ...), before any process group exists; 0 when none is set."""
+    from lightning.fabric.utilities.rank_zero import _get_rank
+
+    return _get_rank() or 0
+
+
+def run_cli_subcommand(cli: Any, subcommand: str) -> None:
+    """LightningCLI's own run of ``subcommand`` (``before_<sub>``, the trainer method, ``after_<sub>``)."""
+    from lightning.pytorch.cli import LightningCLI
+
+    LightningCLI._run_subcommand(cli, subcommand)

@@ -22,6 +22,16 @@ NOISE = (
     r"weights_only",
     r"The dirpath has changed",
     r"Loading `train_dataloader` to estimate",
+    # progress bars off a terminal (issue 35 §7): the step lines replace them
+    r"Loading weights",
+    r"Writing model shards",
+    r"it/s",
+    r"v_num",
+    r"━",
+    r"^\s*Epoch \d",
+    r"^Validation",
+    r"litlogger",
+    r"^\s+[\w/@]+: [-\d.]+\s*$",  # the bar's metrics block
 )
 
 

@@ -59,7 +59,14 @@ def test_a_signal_writes_the_checkpoint_skips_validation_and_export_and_exits_no
         f" --ckpt_path {checkpoint.relative_to(tmp_path)}"
     )
     assert result.stderr.rstrip().splitlines()[-1] == hint, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
+    if signum == signal.SIGTERM:  # the signalled batch finishes: its line is printed and its scalars logged
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        assert [line.split(" | ")[0] for line in lines] == ["step 0", "step 1", "step 2"]
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+        events.Reload()
+        assert [e.step for e in events.Scalars("train/reward/mean")] == [0, 1, 2]
 
 
 def test_signals_outside_the_training_loop_exit_with_the_signal_status_and_one_line(capsys):
@@ -68,7 +75,7 @@ def test_signals_outside_the_training_loop_exit_with_the_signal_status_and_one_l
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from lit_entropy.checkpointing.callback import RunInterrupted, _record
-    from lit_entropy.cli.app import interruption_exit_status
+    from lit_entropy.cli.interrupts import interruption_exit_status
 
     def status(raised: BaseException, record: RunInterrupted | None = None) -> int:
         with pytest.raises(SystemExit) as exit_info, interruption_exit_status():

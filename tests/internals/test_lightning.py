@@ -241,3 +241,42 @@ def test_forget_step_values_keeps_a_batch_from_repeating_earlier_values(forget: 
         assert module.batch_values == [{"even": 0.0}, {}, {"even": 2.0}, {}], UPGRADE
     else:  # what the adapter exists for: the value of batch 0 written again at batch 1
         assert evens == [(0, 0.0), (1, 0.0), (2, 2.0), (3, 2.0)], UPGRADE
+
+
+def test_logger_version_adapters_and_the_cli_subcommand_runner(tmp_path, monkeypatch):
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="x")
+    assert internals.logger_version_if_set(logger) is None, UPGRADE
+    (tmp_path / "x" / "version_3").mkdir(parents=True)
+    assert internals.next_logger_version(logger) == 4, UPGRADE
+    assert internals.logger_version_if_set(logger) is None  # not picked by asking
+    internals.set_logger_version(logger, 7)
+    assert logger.version == 7 and logger.log_dir == str(tmp_path / "x" / "version_7"), UPGRADE
+    assert internals.logger_experiment_if_open(logger) is None
+    logger.experiment  # noqa: B018  (creates the writer)
+    assert internals.logger_experiment_if_open(logger) is logger.experiment, UPGRADE
+    logger.finalize("success")
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert internals.process_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert internals.process_rank() == 1, UPGRADE
+    calls = []
+
+    class Recording:
+        trainer = type("Trainer", (), {"fit": None})()
+
+        def before_fit(self):
+            calls.append("before")
+
+        def fit(self, **kwargs):
+            calls.append("fit")
+
+        def _prepare_subcommand_kwargs(self, subcommand):
+            return {}
+
+    assert hasattr(LightningCLI, "_run_subcommand"), UPGRADE
+    internals.run_cli_subcommand(Recording(), "fit")
+    assert calls == ["before", "fit"], UPGRADE

@@ -12,6 +12,7 @@ very values written.
 
     python -m scripts.studies.results scripts/studies/sod               # fold per_run/ into runs.parquet
     python -m scripts.studies.results scripts/studies/sod --from DIR    # ... the finished runs under DIR/
+    python -m scripts.studies.results scripts/studies/sod --to DIR      # the table's runs as run directories
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLE", "collect", "finished_runs", "is_finished", "load_runs", "read_run_dir", "run_names", "run_rows"]
+__all__ = [
+    "TABLE",
+    "collect",
+    "finished_runs",
+    "is_finished",
+    "load_runs",
+    "read_run_dir",
+    "run_names",
+    "run_rows",
+    "unfold",
+]
 
 #: The table's file name in an experiment's directory.
 TABLE = "runs.parquet"
@@ -161,11 +172,39 @@ def collect(exp: Path, source: Path | None = None) -> list[str]:
     return sorted(new)
 
 
+def unfold(exp: Path, dest: Path) -> list[str]:
+    """Write every run of ``exp``'s table that ``dest`` lacks as ``dest/<run>/{eval.csv,train.csv,done.json}``;
+    returns their names. Every value converts to the one written (a float column may spell ``-2`` as ``-2.0``).
+    A runner pinned at an older commit, which knows finished runs only by their
+    ``done.json``, then resumes with the runs committed since (and :func:`collect` with ``source=dest`` folds
+    back only the runs the table lacks)."""
+    _, columns = _read_table(exp) if (exp / TABLE).exists() else (None, {})
+    written = []
+    for name, run in load_runs(exp).items():
+        d = dest / name
+        if (d / "done.json").exists():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        for record in RECORDS:
+            with (d / f"{record}.csv").open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns[record])
+                writer.writeheader()
+                writer.writerows(run[record])
+        (d / "done.json").write_text(json.dumps(run["done"]) + "\n")  # last: the run counts as finished once it exists
+        written.append(name)
+    return written
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", type=Path, help="the experiment's directory (its table: <dir>/runs.parquet)")
     p.add_argument("--from", dest="source", type=Path, default=None, help="per_run directory (default <dir>/per_run)")
+    p.add_argument("--to", dest="dest", type=Path, default=None, help="write the table's runs under this directory")
     args = p.parse_args(argv)
+    if args.dest is not None:
+        written = unfold(args.experiment, args.dest)
+        print(f"{args.dest}: {len(written)} runs written from {args.experiment / TABLE}")
+        return
     added = collect(args.experiment, args.source)
     print(f"{args.experiment / TABLE}: {len(added)} runs added, {len(run_names(args.experiment))} in all")
 

@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from scripts.studies.results import collect, is_finished, load_runs, run_rows
+from scripts.studies.results import collect, is_finished, load_runs, read_run_dir, run_rows, unfold
 
 
 def _run(exp, name, logp, revision="abc1234", done=True):
@@ -56,3 +56,21 @@ def test_runs_with_other_columns_are_refused(tmp_path):
     (d / "done.json").write_text(json.dumps({"code_revision": "x"}))
     with pytest.raises(ValueError, match="eval.csv columns differ between runs"):
         collect(tmp_path)
+
+
+def test_unfold_gives_back_the_run_directories(tmp_path):
+    exp = tmp_path / "exp"
+    _run(exp, "grpo__s0", "-1.23457e-07")
+    _run(exp, "clip_b__s0", "-2")
+    originals = {n: read_run_dir(exp / "per_run" / n) for n in ("grpo__s0", "clip_b__s0")}
+    texts = {n: (exp / "per_run" / n / "eval.csv").read_text() for n in originals}
+    collect(exp)
+    dest = tmp_path / "pinned" / "per_run"
+    (dest / "clip_b__s0").mkdir(parents=True)
+    (dest / "clip_b__s0" / "done.json").write_text("{}")  # already there: left alone
+    assert unfold(exp, dest) == ["grpo__s0"]
+    back = read_run_dir(dest / "grpo__s0")
+    assert back == originals["grpo__s0"]  # rows, headers and done.json as they were written
+    assert (dest / "grpo__s0" / "eval.csv").read_text().replace("\r\n", "\n") == texts["grpo__s0"]
+    assert (dest / "clip_b__s0" / "done.json").read_text() == "{}" and unfold(exp, dest) == []
+    assert collect(exp, dest) == []  # folding the pinned directory back adds nothing twice

@@ -3,6 +3,7 @@ requeue (:class:`ResumableCheckpointing`, which :class:`~lit_entropy.module.RFTM
 
 from lit_entropy.checkpointing.atomic_io import (
     AtomicCheckpointIO,
+    DiskFullError,
     atomic_directory_replace,
     disk_full_message,
     remove_stale_temporaries,
@@ -13,6 +14,7 @@ from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
 
 __all__ = [
     "AtomicCheckpointIO",
+    "DiskFullError",
     "ResumableCheckpointing",
     "RunInterrupted",
     "atomic_directory_replace",

@@ -1,7 +1,7 @@
 """Atomic, durable file and directory writes for checkpoints and exports.
 
 A crash or ``kill -9`` mid-write leaves the previous file intact plus, at worst, a hidden temporary that
-the next write into the directory removes. A full disk raises an ``OSError`` that says so.
+the next write into the directory removes. A full disk raises a :class:`DiskFullError` that says so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 __all__ = [
     "AtomicCheckpointIO",
+    "DiskFullError",
     "atomic_directory_replace",
     "disk_full_message",
     "normalise_permissions",
@@ -60,7 +61,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
                 with os.fdopen(fd, "wb") as handle:
-                    torch.save(checkpoint, handle)
+                    writer = _RecordingWriter(handle)
+                    try:
+                        torch.save(checkpoint, writer)
+                    except RuntimeError as err:
+                        # torch's zip writer turns the file's OSError into "[enforce fail at
+                        # inline_container.cc] unexpected pos": raise the OSError it hid.
+                        if writer.error is not None:
+                            raise writer.error from err
+                        raise
                     handle.flush()
                     os.fsync(handle.fileno())
                 os.replace(tmp, target)
@@ -68,6 +77,39 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 tmp.unlink(missing_ok=True)
                 raise
             _fsync_directory(target.parent)
+
+
+class _RecordingWriter:
+    """A binary file as ``torch.save`` writes it, remembering the ``OSError`` a write raised (ENOSPC, EFBIG)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.handle.flush()
+        except OSError as err:
+            self.error = err
+            raise
+
+
+class DiskFullError(OSError):
+    """A write ran out of space (ENOSPC, a quota, ``ulimit -f``); the target's previous file is intact.
+
+    The command line prints it as one line (``lit-entropy: error: no space left on device while writing ...``).
+    """
+
+
+#: errno values of a write that ran out of room: the device, the user's quota, the process's file size limit.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 # Temporary files and directories: hidden, and named so that no checkpoint lookup matches them (Lightning
@@ -125,16 +167,18 @@ def _pid_alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def disk_full_message(path: str | os.PathLike) -> Iterator[None]:
-    """Re-raise ``ENOSPC`` / ``EDQUOT`` as an ``OSError`` that says so and names ``path``."""
+    """Re-raise ``ENOSPC`` / ``EDQUOT`` / ``EFBIG`` as a :class:`DiskFullError` that says so and names ``path``."""
     try:
         yield
+    except DiskFullError:
+        raise
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno not in _NO_SPACE:
             raise
-        raise OSError(
+        raise DiskFullError(
             err.errno,
-            f"no space left on device while writing {path} ({os.strerror(err.errno)}); free space on that file "
-            "system or point the output elsewhere. The previous file, if any, is intact",
+            f"no space left on device while writing {path} ({os.strerror(err.errno)}); the previous file, if "
+            "any, is intact. Free space on that file system or point the output elsewhere",
         ) from err
 
 

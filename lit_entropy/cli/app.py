@@ -459,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     import os
 
+    from lit_entropy.checkpointing import DiskFullError
     from lit_entropy.rewards import RewardFunctionError
 
     from_command_line = argv is None
@@ -472,11 +473,12 @@ def main(argv: list[str] | None = None) -> None:
             return
         with interruption_exit_status():
             cli_main(None if from_command_line else argv)
-    except (SettingsError, FileExistsError, RewardFunctionError) as err:
+    except (SettingsError, FileExistsError, RewardFunctionError, DiskFullError) as err:
         if os.environ.get("LIT_ENTROPY_TRACEBACK"):
             raise
-        print(f"lit-entropy: error: {err}", file=sys.stderr)
-        raise SystemExit(1 if isinstance(err, RewardFunctionError) else 2) from None
+        message = err.strerror if isinstance(err, DiskFullError) else err  # without OSError's "[Errno 28]"
+        print(f"lit-entropy: error: {message}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(err, (SettingsError, FileExistsError)) else 1) from None
 
 
 if __name__ == "__main__":

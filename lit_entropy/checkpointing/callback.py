@@ -27,6 +27,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lit_entropy.checkpointing.atomic_io import AtomicCheckpointIO
 from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
+from lit_entropy.data.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
+from lit_entropy.data.fingerprint import data_fingerprint
 from lit_entropy.internals.lightning import (
     cluster_environment,
     hpc_checkpoint_path,
@@ -157,6 +159,9 @@ class ResumableCheckpointing(Callback):
             states = [None] * world
             dist.all_gather_object(states, state)
         checkpoint[_RNG_KEY] = states
+        fingerprint = data_fingerprint(getattr(trainer.datamodule, "train_dataset", None))
+        if fingerprint is not None:
+            checkpoint[FINGERPRINT_KEY] = fingerprint
         if self._saving_mid_step:
             _rewind_loader_position(checkpoint)
 

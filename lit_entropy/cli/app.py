@@ -22,6 +22,7 @@ from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.preflight import apply_default_budget, check_cadences, preflight_data
 from lit_entropy.cli.quiet import off_terminal, quiet_checkpoint_restore
 from lit_entropy.cli.resume import (
+    check_data_unchanged,
     deep_merge,
     explicit_changes,
     read_checkpoint_hparams,
@@ -241,6 +242,9 @@ class RFTCLI(LightningCLI):
         changes += explicit_changes(saved["data"], explicit["data"], "data")
         allow = subcommand != "fit" or bool(self.config[subcommand].get("resume_with_changes", False))
         report_setting_changes(ckpt_path, changes, subcommand, allow_changes=allow)
+        if subcommand == "fit":
+            spec = self.config[subcommand]["data"].get("train_dataset")
+            check_data_unchanged(ckpt_path, saved["data_fingerprint"], spec, allow=allow)
         step = saved["trained_batches"]
         if place_logger(self.config[subcommand]["trainer"], subcommand, ckpt_path, step, saved["log_dir"]) is not None:
             # The run continues in its own directory: its config.yaml stays, this command's config is kept beside it.

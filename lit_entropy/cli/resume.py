@@ -9,6 +9,7 @@ from lit_entropy.cli.errors import SettingsError
 
 __all__ = [
     "RESUME_SAFE_KEYS",
+    "check_data_unchanged",
     "deep_merge",
     "explicit_changes",
     "read_checkpoint_hparams",
@@ -144,6 +145,23 @@ def deep_merge(base: Any, override: Any) -> Any:
     return override
 
 
+def check_data_unchanged(ckpt_path: str | Path, saved: dict[str, Any] | None, spec: Any, *, allow: bool) -> None:
+    """Refuse (or with ``allow`` warn about) training data that changed since the checkpoint was written."""
+    import warnings
+
+    from lit_entropy.data.fingerprint import fingerprint_change
+
+    change = fingerprint_change(saved, spec)
+    if change is None:
+        return
+    if not allow:
+        raise SettingsError(
+            f"data.train_dataset: {change} ({ckpt_path}); resuming would skip batches by position in different "
+            "data. Restore the file, start a new run, or pass --resume_with_changes true to resume on it anyway"
+        )
+    warnings.warn(f"data.train_dataset: {change}; resuming on the new data (--resume_with_changes)", stacklevel=2)
+
+
 class _Unset:
     def __repr__(self) -> str:
         return "<unset>"
@@ -185,6 +203,7 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         raise SettingsError(
             f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
         ) from err
+    from lit_entropy.data.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
     from lit_entropy.reporting.steps import checkpoint_log_dir, checkpoint_trained_batches
     from lit_entropy.settings import carry_over_renamed_keys
 
@@ -194,4 +213,5 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         "data": dict(checkpoint.get("datamodule_hyper_parameters") or {}),
         "trained_batches": checkpoint_trained_batches(checkpoint),
         "log_dir": checkpoint_log_dir(checkpoint),
+        "data_fingerprint": checkpoint.get(FINGERPRINT_KEY),
     }

@@ -23,6 +23,7 @@ from lit_entropy.cli.preflight import apply_default_budget, check_cadences, pref
 from lit_entropy.cli.quiet import off_terminal, quiet_checkpoint_restore
 from lit_entropy.cli.resume import (
     check_data_unchanged,
+    check_same_weights_layout,
     deep_merge,
     explicit_changes,
     read_checkpoint_hparams,
@@ -245,6 +246,8 @@ class RFTCLI(LightningCLI):
         if subcommand == "fit":
             spec = self.config[subcommand]["data"].get("train_dataset")
             check_data_unchanged(ckpt_path, saved["data_fingerprint"], spec, allow=allow)
+        policy = self.config[subcommand]["model"].get("policy")
+        check_same_weights_layout(ckpt_path, saved["lora_weights"], policy.get("lora") if policy else None)
         step = saved["trained_batches"]
         if place_logger(self.config[subcommand]["trainer"], subcommand, ckpt_path, step, saved["log_dir"]) is not None:
             # The run continues in its own directory: its config.yaml stays, this command's config is kept beside it.

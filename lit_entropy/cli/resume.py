@@ -10,6 +10,7 @@ from lit_entropy.cli.errors import SettingsError
 __all__ = [
     "RESUME_SAFE_KEYS",
     "check_data_unchanged",
+    "check_same_weights_layout",
     "deep_merge",
     "explicit_changes",
     "read_checkpoint_hparams",
@@ -162,6 +163,26 @@ def check_data_unchanged(ckpt_path: str | Path, saved: dict[str, Any] | None, sp
     warnings.warn(f"data.train_dataset: {change}; resuming on the new data (--resume_with_changes)", stacklevel=2)
 
 
+def check_same_weights_layout(ckpt_path: str | Path, lora_weights: bool | None, lora_setting: Any) -> None:
+    """Refuse a resume whose settings build other weights than the checkpoint holds (LoRA adapters vs a full model).
+
+    ``--resume_with_changes`` honours settings that change the training, not the parameters: the restore
+    would fail inside ``fit`` with a list of missing and unexpected keys, after the run directory was written.
+    """
+    if lora_weights is None:
+        return
+    wants_lora = lora_setting is not None
+    if wants_lora == lora_weights:
+        return
+    held, built = ("LoRA adapters", "a full model") if lora_weights else ("full-model weights", "LoRA adapters")
+    raise SettingsError(
+        f"model.policy.lora: {ckpt_path} holds {held} but these settings train {built}; a resume cannot change "
+        "the weights a checkpoint holds, even with --resume_with_changes. Resume with the checkpoint's "
+        "model.policy.lora, or start a new run from its exported policy (lit-entropy export --ckpt_path "
+        f"{ckpt_path} --out DIR, then --model.policy.model_name_or_path DIR)"
+    )
+
+
 class _Unset:
     def __repr__(self) -> str:
         return "<unset>"
@@ -214,4 +235,8 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         "trained_batches": checkpoint_trained_batches(checkpoint),
         "log_dir": checkpoint_log_dir(checkpoint),
         "data_fingerprint": checkpoint.get(FINGERPRINT_KEY),
+        # LoRA checkpoints hold the adapters only; None when the file has no state_dict (a sharded meta.pt)
+        "lora_weights": (
+            any("lora_" in str(key) for key in checkpoint["state_dict"]) if "state_dict" in checkpoint else None
+        ),
     }

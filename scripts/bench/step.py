@@ -144,6 +144,7 @@ class Settings:
     num_train_examples: int
     seed: int
     reward_fn: str = "exact_match"
+    chat_task: bool = False  # --model: chat-templated word problems instead of the arithmetic prompts
 
 
 class Baton:
@@ -391,7 +392,8 @@ def prepare_trl(
         # completion_ids are cut after the first EOS (EOS included), like lit_entropy's response mask.
         recorder.tokens += sum(len(ids) for ids in completion_ids)
         recorder.run.rollouts.append(len(completion_ids))
-        return [float(r) for r in reward_fn(completions, answer)]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational: messages
+        return [float(r) for r in reward_fn(texts, answer)]
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -401,7 +403,15 @@ def prepare_trl(
             recorder.end()
 
     rows = settings.batch_size * settings.group_size
-    prompts = make_arithmetic_examples("train", settings.num_train_examples, seed=settings.seed)
+    if settings.chat_task:  # the same word problems as lit_entropy's side, as one user message each (TRL templates)
+        from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS, make_word_problems
+
+        drawn = make_word_problems(
+            "train", settings.num_train_examples, seed=settings.seed, operations=WORD_PROBLEM_TASKS[CHAT_TASK]
+        )
+        prompts = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in drawn]
+    else:
+        prompts = make_arithmetic_examples("train", settings.num_train_examples, seed=settings.seed)
     config = GRPOConfig(
         output_dir=stack.enter_context(tempfile.TemporaryDirectory()),
         model_init_kwargs={"dtype": "float32"},
@@ -601,6 +611,13 @@ def vllm_python() -> Path:
 
 
 BUDGET_SIDES = ("grpo_budget", "grpo_packed")
+#: ``--model``: lit_entropy's side of the chat task (TRL gets the same rows as conversational prompts).
+CHAT_TASK = "word_problems_1op"
+CHAT_TASK_OVERRIDES = (
+    f"--data.train_dataset={CHAT_TASK}",
+    "--data.val_dataset=null",
+    "--data.apply_chat_template=true",
+)
 DEFAULT_SIDES = [side for side in REALISTIC_SIDES if side not in BUDGET_SIDES]
 
 #: Qwen2.5's vocabulary size.
@@ -692,7 +709,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One side of ``--realistic`` in this process: train, then write its steps, phases and peak RSS."""
     settings = _read_settings(args)
     settings.reward_fn = f"{MODULE}:hashed_coin_reward"
+    settings.chat_task = args.chat_task
     config, extra = {**REALISTIC_SIDES, **VLLM_SIDES}[args.worker]
+    if args.chat_task:  # the packaged chat model: ChatML-templated word problems on both frameworks
+        extra = (*extra, *CHAT_TASK_OVERRIDES)
     if args.worker in BUDGET_SIDES:
         extra = (*extra, f"--model.update.max_tokens_per_micro_batch={args.token_budget}")
     if args.stop_rule:
@@ -900,6 +920,7 @@ def main_realistic(args: argparse.Namespace) -> dict[str, Any]:
                 cmd += ["--batch-size", str(args.batch_size), "--group-size", str(args.group_size)]
                 cmd += ["--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
                 cmd += ["--token-budget", str(args.token_budget), *(["--stop-rule"] if args.stop_rule else [])]
+                cmd += ["--chat-task"] if args.chat_task else []
                 env = {
                     **os.environ,
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -997,6 +1018,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sequential", action="store_true", help="run one variant after another, not interleaved")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the same for every run)")
     p.add_argument("--model-dir", default=None, help="model directory (default: the shipped tiny model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        choices=["smollm2-135m-instruct"],
+        help="a packaged model (the smollm2 extra): --realistic's rounds on it, with ChatML-templated word problems",
+    )
+    p.add_argument("--chat-task", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch-size", type=int, default=None, help="prompts per step (default: the config's)")
     p.add_argument("--group-size", type=int, default=None, help="completions per prompt (default: the config's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="completion limit (default: the config's)")
@@ -1053,6 +1081,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     torch.set_num_threads(args.threads)
     if args.worker is not None:
         return run_worker(args)
+    if args.model is not None:  # a real chat model: its converted directory, the chat task, one process per side
+        from lit_entropy.models.packaged import resolve_model_path
+
+        args.model_dir, args.realistic, args.chat_task = resolve_model_path(args.model), True, True
     if args.realistic:
         for name, default in (("batch_size", 4), ("group_size", 8), ("max_new_tokens", 64)):
             if getattr(args, name) is None:

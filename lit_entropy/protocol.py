@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from lit_entropy.tokens import RowTensors
+from lit_entropy.tokens import PolicyStatistics, ReadOnlyRows, RowScores, RowTensors
 
 __all__ = [
     "TOKEN_REQUESTS",
@@ -63,17 +63,22 @@ TOKEN_REQUESTS: tuple[str, ...] = ("keep_mask", "token_penalty", "loss_coefficie
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenMaskContext(RowTensors, holds=lambda f: f.context, all_optional=True):
-    """Per-token statistics of one rollout batch (this rank's share), ``[B, T]`` (per-row ones ``[B]``); by keyword.
+class TokenMaskContext(  # type: ignore[misc]  # mypy refuses what ReadOnlyRows lets dataclasses do
+    ReadOnlyRows, RowScores[Tensor | None], PolicyStatistics[Tensor | None]
+):
+    """Per-token statistics of one rollout batch (this rank's share), ``[B, T]`` (``rewards``: ``[B]``); by keyword;
+    read-only.
 
-    Its fields besides ``mask`` are the :data:`~lit_entropy.tokens.ROLLOUT_FIELDS` marked ``context``, each
-    None unless the module filled it (``policy_average`` only when a provider asks for it).
+    Its fields besides ``mask`` are the rewards, the advantages and the rollout policy's statistics
+    (:class:`~lit_entropy.tokens.RowScores`, :class:`~lit_entropy.tokens.PolicyStatistics`), each None
+    unless the module filled it (``policy_average`` only when a provider asks for it).
 
     Attributes:
         mask: bool, True on real response tokens.
     """
 
     mask: Tensor
+    all_optional: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.mask.dtype != torch.bool:
@@ -245,7 +250,9 @@ def token_mask_observers(trainer: Any) -> list[TokenMaskObserver]:
 def required_token_mask_fields(trainer: Any) -> frozenset[str]:
     """Union of the fields all providers need: tells the module what its no-grad pass must compute."""
     needed: frozenset[str] = frozenset()
-    providers = [
+    providers: list[
+        TokenMaskProvider | TokenPenaltyProvider | LossCoefficientProvider | TokenAdvantageProvider | TokenMaskObserver
+    ] = [
         *token_mask_providers(trainer),
         *token_penalty_providers(trainer),
         *loss_coefficient_providers(trainer),

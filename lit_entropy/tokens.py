@@ -1,13 +1,23 @@
-"""The per-row tensors of a rollout batch, declared once.
+"""The per-row tensors of a rollout batch, declared once as typed dataclass fields.
 
-:data:`ROLLOUT_FIELDS` names every tensor that travels with the rows of a rollout batch: per token ``[N, T]``
-(``N`` = prompts x samples, ``T`` = response length) or per row ``[N]``. The classes that carry them --
-:class:`~lit_entropy.step.RolloutStatistics` (the statistics pass), :class:`~lit_entropy.step.Experience` (what
-the update epochs read) and :class:`~lit_entropy.protocol.TokenMaskContext` (what callbacks read) -- derive
-their fields from it through :class:`RowTensors`, and so do selecting rows for a mini-batch, concatenating
-micro-batches, detaching and building the callback context. A new per-token quantity is one more
-:class:`RolloutField` here plus the code that computes it: no list of names elsewhere can leave it behind, so a
-full-batch tensor can never reach a mini-batch.
+Every tensor that travels with the rows of a rollout batch -- per token ``[N, T]`` (``N`` = prompts x samples,
+``T`` = response length) or per row ``[N]`` -- is a field of one of four groups below, written as an ordinary
+annotated attribute with its docstring, so a reader, an IDE and a type checker see ``rows.advantages`` and
+``rows.loss_mask`` with their types:
+
+- :class:`PolicyStatistics`: what the rollout policy's no-grad pass computes at each sampled token;
+- :class:`RowScores`: the reward of each completion and the advantage of each token;
+- :class:`PassStatistics`: what the other passes of the statistics pass compute (reference, critic, kept set);
+- :class:`UpdateInputs`: what the estimator, the callbacks and the rollout correction add for the update.
+
+The classes that carry them are these groups combined: :class:`~lit_entropy.step.RolloutStatistics` (the statistics
+pass: policy + pass statistics), :class:`~lit_entropy.step.Experience` (:class:`RolloutRows`, all four: what the
+update epochs read) and :class:`~lit_entropy.protocol.TokenMaskContext` (policy statistics + scores, each optional:
+what callbacks read). ``PolicyStatistics`` and ``RowScores`` are generic in :data:`Filled`: the
+holders that always fill them take ``Tensor``, the callback context ``Tensor | None``. :class:`RowTensors` derives
+selecting rows for a mini-batch, concatenating micro-batches, detaching and building the callback context from the
+fields' :func:`row_field` metadata, so a new per-token quantity is one more field in its group plus the code that
+computes it: no list of names elsewhere can leave it behind, so a full-batch tensor can never reach a mini-batch.
 
 This module imports only torch (like :mod:`lit_entropy.protocol`, which uses it).
 """
@@ -16,130 +26,84 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["ROLLOUT_FIELDS", "RolloutField", "RowTensors", "rollout_field"]
+__all__ = [
+    "ROLLOUT_FIELDS",
+    "Filled",
+    "PassStatistics",
+    "PolicyStatistics",
+    "ReadOnlyRows",
+    "RolloutField",
+    "RolloutRows",
+    "RowTensors",
+    "RowScores",
+    "UpdateInputs",
+    "row_field",
+    "rollout_field",
+]
 
+_ROW = "lit_entropy.row"
+"""The ``dataclasses.field`` metadata key that marks a per-row tensor (its value: the :class:`RolloutField`)."""
 
-@dataclass(frozen=True)
-class RolloutField:
-    """One tensor that travels with the rows of a rollout batch.
-
-    Attributes:
-        name: the attribute name on every class that holds it.
-        doc: what it holds (dtype, units, when it is None).
-        per_token: ``[N, T]`` when True, one value per row ``[N]`` when False.
-        required: always filled in an :class:`~lit_entropy.step.Experience` (no default there); the callback
-            context treats every field as optional (a module fills what it can, see ``token_mask_fields()``).
-        statistics: computed by the statistics pass (held by :class:`~lit_entropy.step.RolloutStatistics`).
-        context: offered to callbacks in :class:`~lit_entropy.protocol.TokenMaskContext` (False for what the
-            callbacks themselves produce, and for what exists only in some configurations).
-    """
-
-    name: str
-    doc: str
-    per_token: bool = True
-    required: bool = False
-    statistics: bool = False
-    context: bool = True
-
-
-ROLLOUT_FIELDS: tuple[RolloutField, ...] = (
-    RolloutField("rewards", "float, one reward per completion (as scored)", per_token=False, required=True),
-    RolloutField("advantages", "float32, the advantage of each token (GRPO: per sequence, broadcast)", required=True),
-    RolloutField(
-        "old_logprobs", "log-probability of the sampled token under the rollout policy", required=True, statistics=True
-    ),
-    RolloutField("entropy", "entropy in nats of the rollout policy at each position", required=True, statistics=True),
-    RolloutField(
-        "discriminator", "``S = p (H + log p)`` of the sampled token, detached", required=True, statistics=True
-    ),
-    RolloutField("policy_average", "``E_p[S] = H sum p^2 + sum p^2 log p``; None unless asked for", statistics=True),
-    RolloutField(
-        "ref_logprobs", "reference-model log-probs (KL term); None without one", statistics=True, context=False
-    ),
-    RolloutField("old_values", "critic values at rollout time (PPO); None otherwise", statistics=True, context=False),
-    RolloutField("returns", "GAE returns (PPO); None otherwise", context=False),
-    RolloutField("loss_mask", "bool, the response mask AND every callback's keep mask", context=False),
-    RolloutField("penalty", "coefficients of ``|log p - log p_old|`` from penalty callbacks, or None", context=False),
-    RolloutField(
-        "rollout_gap",
-        "trainer minus rollout-engine log-prob of each sampled token; None unless the engine reports log-probs",
-        context=False,
-    ),
-    RolloutField(
-        "kept_log_mass",
-        "log of the trainer's probability mass in the top-k / top-p kept set; None unless "
-        "``model.loss.rollout_correction.kept_set_logprobs`` and a filter are on",
-        statistics=True,
-        context=False,
-    ),
-    RolloutField(
-        "rollout_weights",
-        "rollout-correction weights of each token's policy-loss term; None unless "
-        "``model.loss.rollout_correction`` is on",
-        context=False,
-    ),
-)
-"""Every per-row tensor of a rollout batch, in the order the classes list them."""
-
-
-def rollout_field(name: str) -> RolloutField:
-    """The declared field called ``name`` (KeyError naming the declared ones otherwise)."""
-    for declared in ROLLOUT_FIELDS:
-        if declared.name == name:
-            return declared
-    raise KeyError(f"{name!r} is not in lit_entropy.tokens.ROLLOUT_FIELDS ({[f.name for f in ROLLOUT_FIELDS]})")
-
+Filled = TypeVar("Filled", bound="Tensor | None")
+"""``Tensor`` in a holder that always fills the field, ``Tensor | None`` in the callback context."""
 
 R = TypeVar("R", bound="RowTensors")
 
 
-class RowTensors:
-    """Mixin of the dataclasses that carry some of :data:`ROLLOUT_FIELDS`; its methods derive from the declaration.
+@dataclass(frozen=True)
+class RolloutField:
+    """How one per-row tensor travels with the rows of a rollout batch (read from its field's metadata).
 
-    A subclass says which fields it holds (``class C(RowTensors, holds=lambda f: f.statistics)``) before
-    ``@dataclass(kw_only=True)`` runs: each held field becomes a keyword field (no default when ``required`` and
-    ``all_optional`` is False, else None). The methods read the declaration when they run, so a field declared
-    after a class was made (a test's monkeypatch) is sliced, concatenated, detached and offered to callbacks as
-    an instance attribute.
+    Attributes:
+        name: the attribute name on every class that holds it.
+        per_token: ``[N, T]`` when True, one value per row ``[N]`` when False.
+        required: never None in :class:`~lit_entropy.step.Experience` and
+            :class:`~lit_entropy.step.RolloutStatistics` (a TypeError names it); the callback context treats every
+            field as optional (a module fills what it can, see ``token_mask_fields()``).
     """
 
-    _holds: ClassVar[Callable[[RolloutField], bool]]
+    name: str
+    per_token: bool = True
+    required: bool = False
 
-    def __init_subclass__(
-        cls, holds: Callable[[RolloutField], bool] | None = None, all_optional: bool = False, **kwargs: Any
-    ) -> None:
-        super().__init_subclass__(**kwargs)
-        if holds is None:  # a subclass of a holder: inherits its fields
+
+def row_field(*, per_token: bool = True, required: bool = False) -> Any:
+    """A dataclass field (default None) that is a per-row tensor: :class:`RowTensors` slices, concatenates,
+    detaches and checks it. ``required``: see :attr:`RolloutField.required`."""
+    return dataclasses.field(default=None, metadata={_ROW: (per_token, required)})
+
+
+class RowTensors:
+    """Base of the dataclasses that carry per-row tensors; its methods derive from the :func:`row_field` fields.
+
+    A holder whose ``all_optional`` is False refuses None for a required field at construction.
+    """
+
+    all_optional: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.all_optional:
             return
-        cls._holds = staticmethod(holds)
-        annotations = cls.__dict__.get("__annotations__", {})
-        for declared in ROLLOUT_FIELDS:
-            if holds(declared) and declared.name not in annotations:
-                annotations[declared.name] = "Tensor | None" if all_optional or not declared.required else "Tensor"
-                if all_optional or not declared.required:
-                    setattr(cls, declared.name, None)
-        cls.__annotations__ = annotations
-        # help() and the API docs list the held fields with the class's own attributes.
-        doc = (cls.__doc__ or "").rstrip()
-        doc += "" if "Attributes:" in doc else "\n\n    Attributes:"
-        held = "".join(f"\n        {f.name}: {_shape(f)} {f.doc}." for f in ROLLOUT_FIELDS if holds(f))
-        cls.__doc__ = f"{doc}{held}\n"
+        missing = [f.name for f in self.row_fields() if f.required and getattr(self, f.name) is None]
+        if missing:
+            raise TypeError(f"{type(self).__name__} needs the row tensors {missing} (got None)")
 
     @classmethod
     def row_fields(cls) -> tuple[RolloutField, ...]:
-        """The declared fields this class holds, read from :data:`ROLLOUT_FIELDS` now."""
-        return tuple(f for f in ROLLOUT_FIELDS if cls._holds(f))
+        """The per-row tensors this class holds, in field order."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every holder is a dataclass
+        return tuple(RolloutField(f.name, *f.metadata[_ROW]) for f in fields if _ROW in f.metadata)
 
     def row_tensors(self) -> dict[str, Tensor | None]:
         """``{name: tensor or None}`` of every held field."""
-        return {f.name: getattr(self, f.name, None) for f in self.row_fields()}
+        return {f.name: getattr(self, f.name) for f in self.row_fields()}
 
     def with_row_tensors(self: R, tensors: dict[str, Tensor | None], **others: Any) -> R:
         """A shallow copy with ``tensors`` (held fields) and ``others`` (any other attributes) replaced."""
@@ -151,11 +115,7 @@ class RowTensors:
     @classmethod
     def from_row_tensors(cls: type[R], tensors: dict[str, Tensor | None], **others: Any) -> R:
         """Build by keyword from ``others`` (the class's own fields) and the held fields found in ``tensors``."""
-        init = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-        held = {f.name: tensors.get(f.name) for f in cls.row_fields()}
-        out = cls(**others, **{k: v for k, v in held.items() if k in init})
-        late = {k: v for k, v in held.items() if k not in init}  # declared after the class was made
-        return out.with_row_tensors(late) if late else out
+        return cls(**others, **{f.name: tensors.get(f.name) for f in cls.row_fields()})
 
     def rows(self: R, index: Tensor | slice) -> R:
         """The selected rows of every held tensor (``index``: a row index tensor or a slice)."""
@@ -163,14 +123,14 @@ class RowTensors:
 
     def narrow_columns(self: R, width: int) -> R:
         """The first ``width`` token columns of every per-token tensor (per-row tensors unchanged)."""
-        per_token = {f.name for f in ROLLOUT_FIELDS if f.per_token}
+        per_token = {f.name for f in self.row_fields() if f.per_token}
         return self.with_row_tensors(
             {k: t[:, :width] for k, t in self.row_tensors().items() if t is not None and k in per_token}
         )
 
     def widen_columns(self: R, width: int) -> R:
         """Every per-token tensor right-padded with zeros (False) to ``width`` token columns."""
-        per_token = {f.name for f in ROLLOUT_FIELDS if f.per_token}
+        per_token = {f.name for f in self.row_fields() if f.per_token}
         return self.with_row_tensors(
             {
                 k: torch.nn.functional.pad(t, (0, width - t.shape[1]))
@@ -188,16 +148,16 @@ class RowTensors:
         """The parts' rows concatenated (micro-batches in order); other attributes are the last part's."""
         tensors: dict[str, Tensor | None] = {}
         for name in (f.name for f in cls.row_fields()):
-            values = [getattr(p, name, None) for p in parts]
+            values = [getattr(p, name) for p in parts]
             if any(v is None for v in values) and any(v is not None for v in values):
                 raise ValueError(f"{cls.__name__}.cat: {name} is None in some parts and set in others")
-            tensors[name] = None if values[0] is None else torch.cat(values)
+            tensors[name] = None if values[0] is None else torch.cat([v for v in values if v is not None])
         return parts[-1].with_row_tensors(tensors)
 
     def check_row_shapes(self, mask: Tensor) -> None:
         """Raise a ValueError naming a held tensor whose shape is not ``mask``'s (per token) or ``[N]`` (per row)."""
         for declared in self.row_fields():
-            value = getattr(self, declared.name, None)
+            value = getattr(self, declared.name)
             want = tuple(mask.shape) if declared.per_token else tuple(mask.shape[:1])
             if value is not None and tuple(value.shape) != want:
                 raise ValueError(
@@ -206,5 +166,78 @@ class RowTensors:
                 )
 
 
-def _shape(declared: RolloutField) -> str:
-    return "``[N, T]``" if declared.per_token else "``[N]``"
+@dataclass(kw_only=True)
+class PolicyStatistics(RowTensors, Generic[Filled]):
+    """What the rollout policy's no-grad pass computes at each sampled token, ``[N, T]``."""
+
+    old_logprobs: Filled = row_field(required=True)
+    """Log-probability of the sampled token under the rollout policy."""
+    entropy: Filled = row_field(required=True)
+    """Entropy in nats of the rollout policy at each position."""
+    discriminator: Filled = row_field(required=True)
+    """``S = p (H + log p)`` of the sampled token, detached."""
+    policy_average: Tensor | None = row_field()
+    """``E_p[S] = H sum p^2 + sum p^2 log p``; None unless a callback asks for it."""
+
+
+@dataclass(kw_only=True)
+class RowScores(RowTensors, Generic[Filled]):
+    """The reward of each completion and the advantage of each token."""
+
+    rewards: Filled = row_field(per_token=False, required=True)
+    """``[N]`` float, one reward per completion (as scored)."""
+    advantages: Filled = row_field(required=True)
+    """``[N, T]`` float32, the advantage of each token (GRPO: per sequence, broadcast)."""
+
+
+@dataclass(kw_only=True)
+class PassStatistics(RowTensors):
+    """What the statistics pass computes besides the policy's own statistics, ``[N, T]``; each None when off."""
+
+    ref_logprobs: Tensor | None = row_field()
+    """Reference-model log-probs (KL term); None without one."""
+    old_values: Tensor | None = row_field()
+    """Critic values at rollout time (PPO); None otherwise."""
+    kept_log_mass: Tensor | None = row_field()
+    """Log of the trainer's probability mass in the top-k / top-p kept set; None unless
+    ``model.loss.rollout_correction.kept_set_logprobs`` and a filter are on."""
+
+
+@dataclass(kw_only=True)
+class UpdateInputs(RowTensors):
+    """What the advantage estimator, the callbacks and the rollout correction add for the update, ``[N, T]``."""
+
+    returns: Tensor | None = row_field()
+    """GAE returns (PPO); None otherwise."""
+    loss_mask: Tensor | None = row_field()
+    """bool, the response mask AND every callback's keep mask (set by ``build_experience``)."""
+    penalty: Tensor | None = row_field()
+    """Coefficients of ``|log p - log p_old|`` from penalty callbacks, or None."""
+    rollout_gap: Tensor | None = row_field()
+    """Trainer minus rollout-engine log-prob of each sampled token; None unless the engine reports log-probs."""
+    rollout_weights: Tensor | None = row_field()
+    """Rollout-correction weights of each token's policy-loss term; None unless
+    ``model.loss.rollout_correction`` is on."""
+
+
+@dataclass(kw_only=True)
+class RolloutRows(UpdateInputs, PassStatistics, RowScores[Tensor], PolicyStatistics[Tensor]):
+    """Every per-row tensor of a rollout batch (the base of :class:`~lit_entropy.step.Experience`)."""
+
+
+@dataclass(frozen=True)
+class ReadOnlyRows:
+    """Base of a frozen holder (:class:`~lit_entropy.protocol.TokenMaskContext`): ``dataclasses`` lets a frozen
+    class take the (mutable) field groups above only beside a frozen base."""
+
+
+ROLLOUT_FIELDS: tuple[RolloutField, ...] = RolloutRows.row_fields()
+"""Every per-row tensor of a rollout batch, in :class:`RolloutRows`' field order."""
+
+
+def rollout_field(name: str) -> RolloutField:
+    """The declared field called ``name`` (KeyError naming the declared ones otherwise)."""
+    for declared in ROLLOUT_FIELDS:
+        if declared.name == name:
+            return declared
+    raise KeyError(f"{name!r} is not in lit_entropy.tokens.ROLLOUT_FIELDS ({[f.name for f in ROLLOUT_FIELDS]})")

@@ -1,10 +1,11 @@
-"""Per-row tensors declared once (lit_entropy.tokens): every declared field is sliced into mini-batches,
-concatenated over micro-batches, detached and offered to callbacks, including one added to the declaration
-after the classes were made (no other edit). References are plain indexing and ``torch.cat`` per field."""
+"""Per-row tensors declared once as typed dataclass fields (lit_entropy.tokens): every declared field is sliced into
+mini-batches, concatenated over micro-batches, detached and offered to callbacks, including one added to a group
+(no other edit), and the type checker sees them. References are plain indexing and ``torch.cat`` per field."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 import torch
@@ -12,9 +13,8 @@ import torch
 from lit_entropy import tokens
 from lit_entropy.functional.entropy import EntropyStats
 from lit_entropy.protocol import TokenMaskContext
-from lit_entropy.rollout import RolloutBatch, SamplingConfig
-from lit_entropy.settings import RFTSettings
-from lit_entropy.step import Experience, ResponseForward, RolloutStatistics, build_experience
+from lit_entropy.rollout import RolloutBatch
+from lit_entropy.step import Experience, ResponseForward, RolloutStatistics
 from lit_entropy.tokens import ROLLOUT_FIELDS, RolloutField
 
 N, T, P = 6, 5, 3
@@ -43,25 +43,47 @@ def _full_experience(gen: torch.Generator, grad: bool = False) -> tuple[Experien
     return Experience.from_row_tensors(values, rollout=rollout, update_forward=forward), values
 
 
+STATISTICS = {
+    "old_logprobs",
+    "entropy",
+    "discriminator",
+    "policy_average",
+    "ref_logprobs",
+    "old_values",
+    "kept_log_mass",
+}
+CONTEXT = {"rewards", "advantages", "old_logprobs", "entropy", "discriminator", "policy_average"}
+
+
 def test_every_declared_field_is_a_keyword_field_of_its_holders():
     names = {f.name for f in dataclasses.fields(Experience)}
-    assert {f.name for f in ROLLOUT_FIELDS} <= names
-    assert {f.name for f in dataclasses.fields(RolloutStatistics)} == {
-        *(f.name for f in ROLLOUT_FIELDS if f.statistics),
-        "update_forward",
-    }
-    assert {f.name for f in dataclasses.fields(TokenMaskContext)} == {
-        "mask",
-        *(f.name for f in ROLLOUT_FIELDS if f.context),
-    }
+    assert {f.name for f in ROLLOUT_FIELDS} <= names and len(ROLLOUT_FIELDS) == 14
+    assert {f.name for f in dataclasses.fields(RolloutStatistics)} == {*STATISTICS, "update_forward"}
+    assert {f.name for f in RolloutStatistics.row_fields()} == STATISTICS
+    assert {f.name for f in dataclasses.fields(TokenMaskContext)} == {"mask", *CONTEXT}
     for holder in (Experience, RolloutStatistics, TokenMaskContext):
         assert all(f.kw_only for f in dataclasses.fields(holder)), holder
     with pytest.raises(TypeError):  # built by keyword, never by position
         Experience(_rollout(torch.Generator().manual_seed(0)), torch.zeros(N))
-    required = [f.name for f in ROLLOUT_FIELDS if f.required]
-    assert required == ["rewards", "advantages", "old_logprobs", "entropy", "discriminator"]
+    required = {f.name for f in ROLLOUT_FIELDS if f.required}
+    assert required == {"rewards", "advantages", "old_logprobs", "entropy", "discriminator"}
+    assert [f.name for f in ROLLOUT_FIELDS if not f.per_token] == ["rewards"]
     with pytest.raises(TypeError, match="discriminator"):
         Experience(rollout=None, **{k: torch.zeros(N, T) for k in required if k != "discriminator"})
+    with pytest.raises(TypeError, match="entropy"):
+        RolloutStatistics(old_logprobs=torch.zeros(N, T), discriminator=torch.zeros(N, T))
+    TokenMaskContext(mask=torch.ones(N, T, dtype=torch.bool))  # the callback context: every field optional
+    with pytest.raises(dataclasses.FrozenInstanceError):  # read-only for the callbacks
+        TokenMaskContext(mask=torch.ones(N, T, dtype=torch.bool)).entropy = torch.zeros(N, T)
+
+
+def test_the_fields_are_visible_to_a_type_checker():
+    """The annotations mypy reads: Experience's required fields are ``Tensor``, the context's ``Tensor | None``."""
+    hints = typing.get_type_hints(tokens.RolloutRows)
+    assert hints["loss_mask"] == torch.Tensor | None and hints["entropy"] is tokens.Filled
+    assert typing.get_type_hints(tokens.RowScores)["rewards"] is tokens.Filled
+    assert typing.get_args(TokenMaskContext.__orig_bases__[1]) == (torch.Tensor | None,)
+    assert typing.get_args(tokens.RolloutRows.__orig_bases__[2]) == (torch.Tensor,)
 
 
 def test_rows_select_every_declared_field_and_the_rollout():
@@ -130,8 +152,8 @@ def test_the_callback_context_holds_exactly_the_context_fields():
     experience, values = _full_experience(gen)
     context = experience.token_context()
     assert torch.equal(context.mask, experience.response_mask)
-    offered = {f.name for f in ROLLOUT_FIELDS if f.context}
-    assert offered == {"rewards", "advantages", "old_logprobs", "entropy", "discriminator", "policy_average"}
+    offered = {f.name for f in TokenMaskContext.row_fields()}
+    assert offered == CONTEXT
     for name in offered:
         assert getattr(context, name) is values[name], name
     assert context.present_fields() == {"mask", *offered} == TokenMaskContext.field_names()
@@ -141,39 +163,62 @@ def test_the_callback_context_holds_exactly_the_context_fields():
         TokenMaskContext(mask=experience.response_mask, entropy=torch.zeros(N, T - 1))
 
 
-def test_a_field_added_to_the_declaration_reaches_a_mini_batch_and_the_callback_context(monkeypatch):
-    """No edit but the declaration: the statistics pass's parts carry it, build_experience passes it on, the
-    update's mini-batches slice it and the callbacks see it (and the module says it can fill it)."""
-    novelty = RolloutField("novelty", "a new per-token statistic", statistics=True)
-    monkeypatch.setattr(tokens, "ROLLOUT_FIELDS", (*ROLLOUT_FIELDS, novelty))
+@dataclasses.dataclass(kw_only=True)
+class _Novelty(tokens.RowTensors):
+    """A group with one more per-token statistic, as a new field in a group of lit_entropy.tokens would be."""
+
+    novelty: torch.Tensor | None = tokens.row_field()
+
+
+@dataclasses.dataclass(kw_only=True)
+class _NovelStatistics(_Novelty, RolloutStatistics):
+    pass
+
+
+@dataclasses.dataclass(kw_only=True)
+class _NovelExperience(_Novelty, Experience):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NovelContext(_Novelty, TokenMaskContext):
+    pass
+
+
+def test_a_field_added_to_a_group_reaches_a_mini_batch_and_the_callback_context():
+    """No edit but the field: the statistics pass's parts carry it, the update's mini-batches slice it, the
+    callbacks see it, and a wrong shape is refused by name."""
     gen = torch.Generator().manual_seed(6)
     rollout = _rollout(gen)
     full = torch.randn(N, T, generator=gen)
     parts = []
     for rows in (slice(0, 4), slice(4, N)):  # micro-batches of the statistics pass
-        stats = EntropyStats(*(torch.randn(N, T, generator=gen)[rows] for _ in range(3)), None)
-        # What the pass computing the new field does: hand it over with the others.
-        parts.append(RolloutStatistics.from_passes(stats).with_row_tensors({"novelty": full[rows]}))
-    statistics = RolloutStatistics.cat(parts)
-    settings = RFTSettings.build(sampling=SamplingConfig(num_samples=2, max_new_tokens=T))
-    experience = build_experience(rollout, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), statistics, settings)
+        stats = {name: torch.randn(N, T, generator=gen)[rows] for name in ("old_logprobs", "entropy", "discriminator")}
+        parts.append(_NovelStatistics(**stats, novelty=full[rows]))
+    statistics = _NovelStatistics.cat(parts)
+    assert torch.equal(statistics.novelty, full)
+    extra = {"rewards": torch.zeros(N), "advantages": torch.zeros(N, T), "loss_mask": rollout.response_mask}
+    experience = _NovelExperience.from_row_tensors({**statistics.row_tensors(), **extra}, rollout=rollout)
     assert torch.equal(experience.novelty, full)
     index = torch.tensor([5, 1, 2])
-    mini_batch = experience.rows(index)
-    assert torch.equal(mini_batch.novelty, full[index])
+    assert torch.equal(experience.rows(index).novelty, full[index])
     assert torch.equal(experience.detach().rows(index).novelty, full[index])
-    context = experience.token_context()
+    context = _NovelContext.of(experience, mask=experience.response_mask)
     assert torch.equal(context.novelty, full) and "novelty" in context.present_fields()
-    assert "novelty" in TokenMaskContext.field_names()
-    monkeypatch.setattr(experience, "novelty", full[:, :-1])
-    with pytest.raises(ValueError, match=r"TokenMaskContext.novelty has shape \(6, 4\), expected \(6, 5\)"):
-        experience.token_context()
+    assert "novelty" in _NovelContext.field_names()
+    wrong = experience.with_row_tensors({"novelty": full[:, :-1]})
+    with pytest.raises(ValueError, match=r"_NovelContext.novelty has shape \(6, 4\), expected \(6, 5\)"):
+        _NovelContext.of(wrong, mask=experience.response_mask)
 
 
-def test_a_per_row_field_is_checked_against_the_row_count(monkeypatch):
-    monkeypatch.setattr(tokens, "ROLLOUT_FIELDS", (*ROLLOUT_FIELDS, RolloutField("score", "per row", per_token=False)))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _ScoredContext(TokenMaskContext):
+    score: torch.Tensor | None = tokens.row_field(per_token=False)
+
+
+def test_a_per_row_field_is_checked_against_the_row_count():
     mask = torch.ones(N, T, dtype=torch.bool)
-    context = TokenMaskContext.from_row_tensors({"score": torch.zeros(N)}, mask=mask)
+    context = _ScoredContext.from_row_tensors({"score": torch.zeros(N)}, mask=mask)
     context.check_row_shapes(mask)
     bad = context.with_row_tensors({"score": torch.zeros(N, T)})
     with pytest.raises(ValueError, match=r"score has shape \(6, 5\), expected \(6,\) \(one value per row\)"):

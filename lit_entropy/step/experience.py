@@ -18,7 +18,7 @@ from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings, UpdateConfig
 from lit_entropy.step.forward import ResponseForward
 from lit_entropy.step.micro_batches import forward_rows, micro_batches, trim_rollout
-from lit_entropy.tokens import RowTensors
+from lit_entropy.tokens import PassStatistics, PolicyStatistics, RolloutRows
 
 __all__ = [
     "Experience",
@@ -38,9 +38,10 @@ those rows trimmed to their widths, an empty index on row 0)."""
 
 
 @dataclass(kw_only=True)
-class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
-    """What the statistics pass over a rollout batch computed: the :data:`~lit_entropy.tokens.ROLLOUT_FIELDS`
-    marked ``statistics``, ``[N, T]`` (detached; the graph, when kept, is in ``update_forward``).
+class RolloutStatistics(PassStatistics, PolicyStatistics[Tensor]):
+    """What the statistics pass over a rollout batch computed: the policy's and the other passes' statistics
+    (:class:`~lit_entropy.tokens.PolicyStatistics`, :class:`~lit_entropy.tokens.PassStatistics`), ``[N, T]``
+    (detached; the graph, when kept, is in ``update_forward``).
 
     Attributes:
         update_forward: the policy forwards with their graphs, when they double as the only update's forwards.
@@ -83,11 +84,11 @@ class RolloutStatistics(RowTensors, holds=lambda f: f.statistics):
 
 
 @dataclass(kw_only=True)
-class Experience(RowTensors, holds=lambda f: True):
+class Experience(RolloutRows):
     """One rollout batch after scoring and the statistics pass; rows grouped by prompt; built by keyword.
 
-    Holds every :data:`~lit_entropy.tokens.ROLLOUT_FIELDS` entry (``N`` = prompts x samples, ``T`` = response
-    length); :meth:`rows` selects a mini-batch of all of them.
+    Holds every per-row tensor (:class:`~lit_entropy.tokens.RolloutRows`; ``N`` = prompts x samples, ``T`` =
+    response length); :meth:`rows` selects a mini-batch of all of them.
 
     Attributes:
         rollout: the sampled batch.

@@ -173,6 +173,11 @@ class RFTModule(ModelLifecycle):
         try:
             return self.rollout_engine.generate(self.policy, batch["input_ids"], batch["attention_mask"], sampling)
         except Exception as error:
+            from lit_entropy.training.health import PolicyDiverged, explain_sampling_failure
+
+            cause = explain_sampling_failure(attached_trainer(self), error)  # exploded weights, not the engine
+            if cause is not None:
+                raise PolicyDiverged(cause) from error
             raise RuntimeError(
                 f"rollout engine failed: {type(self.rollout_engine).__name__}.generate raised "
                 f"{type(error).__name__}: {error}"

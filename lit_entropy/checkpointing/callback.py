@@ -26,9 +26,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lit_entropy.checkpointing.atomic_io import AtomicCheckpointIO
+from lit_entropy.checkpointing.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
+from lit_entropy.checkpointing.fingerprint import data_fingerprint
 from lit_entropy.checkpointing.rng import get_rng_state, set_rng_state
-from lit_entropy.data.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
-from lit_entropy.data.fingerprint import data_fingerprint
 from lit_entropy.internals.lightning import (
     cluster_environment,
     hpc_checkpoint_path,

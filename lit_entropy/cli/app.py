@@ -468,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from lit_entropy.checkpointing import DiskFullError
     from lit_entropy.rewards import RewardFunctionError
+    from lit_entropy.training.health import PolicyDiverged
 
     from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         with interruption_exit_status():
             cli_main(None if from_command_line else argv)
-    except (SettingsError, FileExistsError, RewardFunctionError, DiskFullError) as err:
+    except (SettingsError, FileExistsError, RewardFunctionError, DiskFullError, PolicyDiverged) as err:
         if os.environ.get("LIT_ENTROPY_TRACEBACK"):
             raise
         message = err.strerror if isinstance(err, DiskFullError) else err  # without OSError's "[Errno 28]"

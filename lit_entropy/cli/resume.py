@@ -150,7 +150,7 @@ def check_data_unchanged(ckpt_path: str | Path, saved: dict[str, Any] | None, sp
     """Refuse (or with ``allow`` warn about) training data that changed since the checkpoint was written."""
     import warnings
 
-    from lit_entropy.data.fingerprint import fingerprint_change
+    from lit_entropy.checkpointing.fingerprint import fingerprint_change
 
     change = fingerprint_change(saved, spec)
     if change is None:
@@ -224,7 +224,7 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         raise SettingsError(
             f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
         ) from err
-    from lit_entropy.data.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
+    from lit_entropy.checkpointing.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
     from lit_entropy.reporting.steps import checkpoint_log_dir, checkpoint_trained_batches
     from lit_entropy.settings import carry_over_renamed_keys
 

@@ -1,8 +1,8 @@
 """The callbacks every :class:`~lit_entropy.module.RFTModule` run brings along (its ``configure_callbacks``).
 
 Resumable, atomic checkpoints (RNG states, Ctrl-C); the HPARAMS tab; the CUSTOM SCALARS overview; console lines when
-not a TTY; evaluations logged at the number of trained batches. A callback of the same type passed to the Trainer
-wins, without Lightning's "will override existing callbacks" line.
+not a TTY; evaluations logged at the number of trained batches; the policy's health after each update. A callback
+of the same type passed to the Trainer wins, without Lightning's "will override existing callbacks" line.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ __all__ = ["bundled_callbacks", "missing_callbacks"]
 
 
 def bundled_callbacks() -> list[Callback]:
-    """New instances of the bundled callbacks (checkpointing, HPARAMS, overview layout, console, step axis)."""
+    """New instances of the bundled callbacks (checkpointing, HPARAMS, overview layout, console, step axis,
+    policy health)."""
     from lit_entropy.checkpointing.callback import ResumableCheckpointing
     from lit_entropy.reporting.console import ConsoleMetrics
     from lit_entropy.reporting.hparams import HParamsSummary
     from lit_entropy.reporting.overview import OverviewLayout
     from lit_entropy.reporting.steps import StepAxis
+    from lit_entropy.training.health import PolicyHealth
 
-    return [ResumableCheckpointing(), HParamsSummary(), OverviewLayout(), ConsoleMetrics(), StepAxis()]
+    return [ResumableCheckpointing(), HParamsSummary(), OverviewLayout(), ConsoleMetrics(), StepAxis(), PolicyHealth()]
 
 
 def missing_callbacks(trainer: Any, bundled: list[Callback]) -> list[Callback]:

@@ -179,3 +179,47 @@ def test_identical_rewards_in_every_group_are_a_logged_no_op(tiny_model_dir, tmp
 def test_fault_options_are_validated(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# ----------------------------------------------------------------------------- a destroyed policy (issue 35 §10)
+def test_an_exploding_learning_rate_names_the_update_and_the_learning_rate(tiny_model_dir, tmp_path):
+    """lr 1e30: the weights stay finite in float32 but the scores do not; sampling stopped with "rollout engine
+    failed ... NaN/+inf scores", which named neither the update nor the learning rate."""
+    from lit_entropy.training.health import PolicyDiverged
+
+    module, trainer, snaps, data = _fit(tiny_model_dir, tmp_path, batches=3, optim=OptimConfig(lr=1e30))
+    with pytest.warns(UserWarning, match=r"weights exploded: parameter norm .* after the update of step 0"):
+        with pytest.raises(PolicyDiverged) as stopped:
+            trainer.fit(module, data)
+    message = str(stopped.value)
+    assert "rollout engine failed" not in message
+    assert "because the policy's weights exploded" in message and "model.optim.lr=1e+30" in message
+
+
+def test_a_policy_collapsed_to_uniform_sampling_is_warned_about(tiny_model_dir, tmp_path):
+    """lr 1e4 turns the policy uniform (entropy ln V) within a step or two; the run went on without a word."""
+    module, trainer, snaps, data = _fit(tiny_model_dir, tmp_path, batches=4, optim=OptimConfig(lr=1e4))
+    with pytest.warns(UserWarning) as caught:
+        trainer.fit(module, data)
+    messages = [str(w.message) for w in caught]
+    assert any("weights exploded" in m and "model.optim.lr=10000" in m for m in messages), messages
+    vocab = module.policy.config.vocab_size
+    uniform = [m for m in messages if "the policy samples uniformly" in m]
+    assert len(uniform) == 1 and f"maximum ln V = {math.log(vocab):.3f} (vocabulary {vocab})" in uniform[0]
+
+
+def test_non_finite_parameters_stop_the_run_naming_the_parameter_and_the_learning_rate(tiny_model_dir, tmp_path):
+    from lit_entropy.training.health import PolicyDiverged
+
+    class PoisonAfterUpdate(Callback):  # before PolicyHealth (the module's callbacks come after the Trainer's)
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            with torch.no_grad():
+                pl_module.policy.model.norm.weight[0] = float("nan")
+
+    module, trainer, snaps, data = _fit(tiny_model_dir, tmp_path, batches=2, callbacks=[PoisonAfterUpdate()])
+    with pytest.raises(
+        PolicyDiverged,
+        match=r"the update of step 0 made the policy's parameters non-finite "
+        r"\(model\.norm\.weight\): the learning rate is too large \(model\.optim\.lr=0\.01\)",
+    ):
+        trainer.fit(module, data)

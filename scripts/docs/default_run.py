@@ -6,7 +6,8 @@
 
 The run is the README's ``lit-entropy fit --config configs/grpo_tiny.yaml`` as a user types it, in a subprocess
 started in a temporary directory, on the code of this checkout; its wall time, the CPU seconds of the process
-and the load average of the machine when it started are kept beside the figures, with the commit. The figures
+and the load average of the machine when it started (1, 5, 15 minutes) are kept beside the figures, with the
+commit. The figures
 are the values :mod:`scripts.docs.run_summary` reads from the run's event files (a step a tag was not logged at
 shows the last value before it). Every doc sentence or table row that quotes them is one :class:`Quote` below;
 ``tests/scripts/test_default_run.py`` checks that each doc holds each quote with the JSON's numbers.
@@ -67,14 +68,18 @@ class Quote:
 QUOTES = (
     Quote(
         "README.md",
-        "The default run took {wall} on {cpus} CPU cores at load {load} (commit `{commit}`; far longer on a busier "
-        "machine): validation accuracy (`val/avg@8`) rises from {avg_start} to {avg_end} while the token entropy "
-        "falls from {entropy_start} to {entropy_end} nats,",
+        "The default run took {wall} ({cpu} CPU seconds) on {cpus} CPU cores, started at load {load} (commit "
+        "`{commit}`; the time grows with the machine's load): validation accuracy (`val/avg@8`) rises from "
+        "{avg_start} to {avg_end} while the token entropy falls from {entropy_start} to {entropy_end} nats,",
     ),
-    Quote(CONFIG, "# (char-level tokenizer). It took {wall} on {cpus} CPU cores at load {load} (commit {commit}):"),
+    Quote(
+        CONFIG,
+        "# (char-level tokenizer). It took {wall} on {cpus} CPU cores, started at load {load} (commit {commit}):",
+    ),
     Quote(
         "docs/study.md",
-        "the whole run took **{wall}** on {cpus} CPU cores at load {load} ({cpu} CPU seconds), at commit `{commit}`.",
+        "the whole run took **{wall}** ({cpu} CPU seconds) on {cpus} CPU cores, started at load {load}, at commit "
+        "`{commit}`",
     ),
     Quote("docs/study.md", "| `val/avg@8` | {t_avg_0} | {t_avg_60} | {t_avg_end} (best {t_avg_best}) |"),
     Quote("docs/study.md", "| `val/pass@8` | {t_pass_0} | {t_pass_60} | {t_pass_end} (best {t_pass_best}) |"),

@@ -47,3 +47,46 @@ def test_the_generator_runs_the_command_and_keeps_what_the_event_files_hold(tmp_
         assert figures["best"][tag] == max(logged[tag].values())
     for tag in ("train/entropy/mean", "train/reward/mean"):
         assert figures["at"][tag] == {"0": logged[tag][0], "1": logged[tag][1], "2": logged[tag][1]}
+
+
+def _figures(avg_end: float) -> dict:
+    steps = ["0", "60", "270"]
+    at = {tag: dict(zip(steps, values, strict=True)) for tag, values in {
+        "val/avg@8": (0.25, 0.5, avg_end), "val/pass@8": (0.75, 0.875, 0.9), "val/pass@2": (0.4, 0.5, 0.625),
+        "train/entropy/mean": (0.351, 0.3, 0.2049), "train/reward/mean": (0.5, 0.6, 0.7),
+    }.items()}  # fmt: skip
+    best = {"val/avg@8": max(0.5, avg_end), "val/pass@8": 0.9, "val/pass@2": 0.625}
+    return {
+        "commit": "abc1234", "cpus": 2, "load": [3.14, 2.0, 1.0], "wall_s": 181.0, "cpu_s": 300.4,
+        "steps": [0, 60, 270], "at": at, "best": best,
+    }  # fmt: skip
+
+
+def test_the_docs_are_rewritten_with_new_figures_and_only_the_numbers_change(tmp_path):
+    generator = load_script("scripts.docs.default_run")
+    for path in {quote.path for quote in generator.QUOTES}:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, tmp_path / path)
+    before = {path: (tmp_path / path).read_text() for path in {quote.path for quote in generator.QUOTES}}
+    figures = _figures(0.6666)
+    changed = generator.update_docs(figures, root=tmp_path)
+    assert generator.check_docs(figures, root=tmp_path) == []
+    assert set(changed) == set(before)
+    readme = (tmp_path / "README.md").read_text()
+    assert "The default run took 3.0 min (300 CPU seconds) on 2 CPU\ncores, started at load 3.1" in readme  # wrap kept
+    assert "rises from 0.25 to 0.67" in readme and "falls from 0.35 to 0.20 nats" in readme
+    assert "| `val/avg@8` | 0.250 | 0.500 | 0.667 (best 0.667) |" in (tmp_path / "docs/study.md").read_text()
+    for path, text in before.items():
+        assert len((tmp_path / path).read_text().splitlines()) == len(text.splitlines())
+    # A doc that disagrees is named with the quote's field and both values.
+    problems = generator.check_docs(_figures(0.5), root=tmp_path)
+    assert "README.md: avg_end is '0.67', the figures say '0.50'" in problems
+
+
+def test_the_docs_quote_the_committed_figures():
+    """The committed JSON is what the generator printed for the commit it names; every doc quotes it."""
+    generator = load_script("scripts.docs.default_run")
+    figures = json.loads(generator.FIGURES.read_text())
+    assert not figures["commit"].endswith("-dirty")
+    assert figures["command"] == "lit-entropy fit --config configs/grpo_tiny.yaml" and figures["steps"] == [0, 60, 270]
+    assert generator.check_docs(figures) == []

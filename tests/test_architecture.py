@@ -296,9 +296,7 @@ def test_no_script_edits_sys_path(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text("import sys\nsys.path.insert(0, 'x')\nprint(sys.path[0])\n")
     assert _path_edits(fake) == [2]
-    # The forking study scripts still at the top of scripts/ move into scripts/studies/ next (issue 33).
-    files = [p for p in sorted(SCRIPTS.rglob("*.py")) if not (p.parent == SCRIPTS and p.name.startswith("forking_"))]
-    bad = [f"{p.relative_to(REPO)}:{line}" for p in files for line in _path_edits(p)]
+    bad = [f"{p.relative_to(REPO)}:{line}" for p in sorted(SCRIPTS.rglob("*.py")) for line in _path_edits(p)]
     assert not bad, "scripts/ is a package run with python -m; these lines edit sys.path:\n" + "\n".join(bad)
 
 

@@ -1,4 +1,4 @@
-"""Smoke test of scripts/entropy_dynamics.py --quick: every section runs and the report is complete."""
+"""Smoke test of scripts/studies/dynamics/run.py --quick: every section runs and the report is complete."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 
 def _load_script():
-    import entropy_dynamics  # scripts/ is on pytest's pythonpath
+    import scripts.studies.dynamics.run as entropy_dynamics  # scripts/ is on pytest's pythonpath
 
     return entropy_dynamics
 

@@ -1,4 +1,4 @@
-"""scripts/forking_clip_b_threshold.py: per-token log p, entropy and valid mask against a one-sequence float64
+"""scripts/studies/horizon/clip_b_threshold.py: per-token log p, entropy and valid mask against a one-sequence float64
 recomputation, and Clip_B's threshold and masked counts against a hand computation of the rule."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from _scripts import load_script
 def _short_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    th = load_script("forking_clip_b_threshold")
+    th = load_script("scripts.studies.horizon.clip_b_threshold")
     spec = th.EXPERIMENTS["short"]
     tok = AutoTokenizer.from_pretrained(spec["models"] / "fork-s0")
     model = AutoModelForCausalLM.from_pretrained(spec["models"] / "fork-s0").eval()

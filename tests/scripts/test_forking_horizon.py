@@ -1,4 +1,4 @@
-"""scripts/forking_horizon.py (issue 24, experiment A): run order, exact evaluation, a 2-step pipeline."""
+"""scripts/studies/horizon/run.py (issue 24, experiment A): run order, exact evaluation, a 2-step pipeline."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from _scripts import load_script
 
 
 def test_planned_order_gives_whole_units_first_and_clip_b_before_its_replay(tmp_path):
-    hz = load_script("forking_horizon")
+    hz = load_script("scripts.studies.horizon.run")
     keys = hz.planned(hz.BASES, tuple(hz.ARMS), (0, 1))
     primary = [k for k in keys if k[1] != "grpo_null"]
     assert keys[: len(primary)] == primary  # the null arm only after every primary run
@@ -36,7 +36,7 @@ def test_planned_order_gives_whole_units_first_and_clip_b_before_its_replay(tmp_
 
 
 def test_evaluate_matches_token_by_token_probabilities():
-    hz = load_script("forking_horizon")
+    hz = load_script("scripts.studies.horizon.run")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = hz.MODELS / "fork-s1"
@@ -58,7 +58,7 @@ def test_evaluate_matches_token_by_token_probabilities():
 
 
 def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
-    hz = load_script("forking_horizon")
+    hz = load_script("scripts.studies.horizon.run")
     args = ["--exp", str(tmp_path), "--run", "--bases", "fork-s0", "--arms", "clip_b,replay_mask", "--seeds", "0"]
     hz.main([*args, "--steps", "2", "--eval-every", "1"])
     runs = {name: tmp_path / "per_run" / f"fork-s0__{name}__s0" for name in ("clip_b", "replay_mask")}

@@ -1,4 +1,4 @@
-"""scripts/forking_horizon_analysis.py: the pre-registered class-weighted endpoint, pooled and per-base verdicts on
+"""scripts/studies/horizon/analysis.py: the pre-registered class-weighted endpoint, pooled and per-base verdicts on
 hand-made runs; and the generated blocks of both experiments (horizon, short) match their committed runs."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, rev: str = "a
 
 
 def test_class_weighted_endpoint_against_hand_computation(tmp_path):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     _fake_run(tmp_path, "fork-s0", "grpo", 0, 0.6)
     run = an.load_runs(tmp_path)[("fork-s0", "grpo", 0)]
     e = an.endpoint(run["eval"])
@@ -80,7 +80,7 @@ def test_class_weighted_endpoint_against_hand_computation(tmp_path):
 
 
 def test_pooled_and_per_base_comparisons(tmp_path):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     ps = {"grpo": [0.30, 0.40, 0.50], "clip_b": [0.40, 0.45, 0.62], "replay_mask": [0.30, 0.41, 0.49]}
     for base in ("fork-s0", "fork-s1"):
         for arm, values in ps.items():
@@ -110,7 +110,7 @@ def test_pooled_and_per_base_comparisons(tmp_path):
 
 
 def test_analysis_refuses_mixed_revisions(tmp_path):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     _fake_run(tmp_path, "fork-s0", "grpo", 0, 0.3, rev="aaaaaaa")
     _fake_run(tmp_path, "fork-s1", "grpo", 0, 0.3, rev="bbbbbbb")
     with pytest.raises(ValueError, match="code revision"):
@@ -118,7 +118,7 @@ def test_analysis_refuses_mixed_revisions(tmp_path):
 
 
 def test_analyze_writes_block_with_the_status(tmp_path):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     for arm, values in {"grpo": [0.3, 0.4], "clip_b": [0.5, 0.6], "replay_mask": [0.3, 0.45]}.items():
         for seed, p in enumerate(values):
             _fake_run(tmp_path, "fork-s0", arm, seed, p)
@@ -142,7 +142,7 @@ def test_analyze_writes_block_with_the_status(tmp_path):
 
 
 def test_block_of_an_experiment_without_runs(tmp_path):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     summary = an.analyze(tmp_path, experiment="short")
     assert summary["n_runs"] == 0 and summary["comparisons"] == []
     for name in ("readme_block.md", "docs_block.md"):
@@ -153,13 +153,13 @@ def test_block_of_an_experiment_without_runs(tmp_path):
 
 @pytest.mark.parametrize("experiment", ["horizon", "short"])
 def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
-    an = load_script("forking_horizon_analysis")
+    an = load_script("scripts.studies.horizon.analysis")
     exp = EXP.parent / experiment
     if (exp / "runs.parquet").exists():
         shutil.copy(exp / "runs.parquet", tmp_path / "runs.parquet")
     an.analyze(tmp_path, experiment=experiment)
     option = "" if experiment == "horizon" else f" --experiment {experiment}"
-    stale = f"stale: run python scripts/forking_horizon.py{option} --analyze --update-readme"
+    stale = f"stale: run python -m scripts.studies.horizon{option} --analyze --update-readme"
     assert an.DOCS[experiment], experiment
     for path, marker, kind in an.DOCS[experiment]:
         text = path.read_text()

@@ -1,4 +1,4 @@
-"""scripts/forking_sod.py and scripts/forking_controls.py: the count replay, exact evaluation, a 2-step pipeline."""
+"""scripts/studies/sod/run.py and scripts/studies/controls.py: the count replay, exact evaluation, a 2-step pipeline."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _load = load_script
 
 
 def test_replayed_count_masking_masks_the_replayed_counts_among_negative_tokens():
-    controls = _load("forking_controls")
+    controls = _load("scripts.studies.controls")
     gen = torch.Generator().manual_seed(0)
     mask = torch.rand(12, 9, generator=gen) > 0.2
     mask[:, 0] = True
@@ -44,7 +44,7 @@ def test_replayed_count_masking_masks_the_replayed_counts_among_negative_tokens(
 
 
 def test_evaluate_matches_token_by_token_probabilities():
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     policy = AutoModelForCausalLM.from_pretrained(sod.EXP / "model", dtype=torch.float64)
@@ -67,7 +67,7 @@ def test_evaluate_matches_token_by_token_probabilities():
 
 
 def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     sod.main(
         [
             "--exp",
@@ -95,7 +95,7 @@ def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
 
 
 def test_experiment_arms_and_run_order():
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     design = sod.EXPERIMENTS["sod_clipv"]
     for overlay in design.arms.values():
         assert (sod.CONFIGS / overlay).exists()
@@ -112,7 +112,7 @@ def test_clip_v_caps_of_the_amendment_at_this_batch():
 
     from lit_entropy.functional.selection import cap_count
 
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     fracs = {}
     for arm in ("clip_v", "clip_v_rescaled"):
         cfg = yaml.safe_load((sod.CONFIGS / sod.EXPERIMENTS["sod_clipv"].arms[arm]).read_text())
@@ -127,7 +127,7 @@ def test_clip_v_caps_of_the_amendment_at_this_batch():
 
 def test_robustness_experiment_runs_unit_by_unit_on_its_bases():
     """Experiment E: (base, seed) units; a unit's four arms consecutive, seed-major then base; each base's model."""
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     design = sod.EXPERIMENTS["sod_robust"]
     keys = sod.planned(tuple(design.arms), design.seeds, design)
     assert len(keys) == design.planned_runs == 96
@@ -147,7 +147,7 @@ def test_robustness_experiment_runs_unit_by_unit_on_its_bases():
 def test_robustness_overlays_set_only_mu():
     import yaml
 
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     arms = sod.EXPERIMENTS["sod_robust"].arms
     for arm, mu in (("clip_b_mu2", 2.0), ("clip_b", 2.5), ("clip_b_mu3", 3.0)):
         (cb,) = yaml.safe_load((sod.CONFIGS / arms[arm]).read_text())["trainer"]["callbacks"]
@@ -155,7 +155,7 @@ def test_robustness_overlays_set_only_mu():
 
 
 def test_base_validity_rule():
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     # C's base (experiments/sod/PREREGISTRATION.md): valid
     c = {"val_self_consistency": 0.9075, "pass@64": 0.978, "pass@64_diff": 0.930, "p_R_diff": 0.25, "p_R_sum": 0.25}
     assert sod.base_failures(c) == []
@@ -170,7 +170,7 @@ def test_base_validity_rule():
 
 
 def test_two_step_run_of_a_named_base(tmp_path):
-    sod = _load("forking_sod")
+    sod = _load("scripts.studies.sod.run")
     argv = ["--experiment", "sod_robust", "--exp", str(tmp_path), "--bases", "sod-s0", "--arms", "clip_b_mu3"]
     sod.main([*argv, "--seeds", "0", "--steps", "2", "--eval-every", "2", "--run"])
     d = tmp_path / "per_run" / "sod-s0__clip_b_mu3__s0"

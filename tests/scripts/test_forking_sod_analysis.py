@@ -1,4 +1,4 @@
-"""scripts/forking_sod_analysis.py: the pre-registered endpoint, intervals and verdicts, on hand-made runs; and
+"""scripts/studies/sod/analysis.py: the pre-registered endpoint, intervals and verdicts, on hand-made runs; and
 the generated block of scripts/forking/README.md matches the committed runs."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _fake_run(exp: Path, arm: str, seed: int, p: float, rev: str = "abc1234") ->
 
 
 def test_verdict_rule():
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     assert an.verdict(0.01, 0.10, 0.05, 0.01) == "better"
     assert an.verdict(-0.10, -0.03, -0.06, 0.01) == "worse"
     assert an.verdict(0.01, 0.10, 0.05, 0.0625) == "inconclusive"  # the sign-flip test does not reject
@@ -81,7 +81,7 @@ def test_verdict_rule():
 
 
 def test_endpoint_intervals_and_sign_flip_on_hand_made_runs(tmp_path):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     ps = {"grpo": [0.30, 0.40, 0.50], "clip_b": [0.40, 0.45, 0.62], "replay_mask": [0.30, 0.41, 0.49]}
     for arm, values in ps.items():
         for seed, p in enumerate(values):
@@ -104,7 +104,7 @@ def test_endpoint_intervals_and_sign_flip_on_hand_made_runs(tmp_path):
 
 
 def test_analysis_refuses_mixed_revisions(tmp_path):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     _fake_run(tmp_path, "grpo", 0, 0.3, rev="aaaaaaa")
     _fake_run(tmp_path, "clip_b", 0, 0.3, rev="bbbbbbb")
     with pytest.raises(ValueError, match="code revision"):
@@ -113,7 +113,7 @@ def test_analysis_refuses_mixed_revisions(tmp_path):
 
 @pytest.mark.parametrize("experiment", ["sod", "sod_clipv"])
 def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     design = an.EXPERIMENTS[experiment]
     exp = SCRIPTS / "forking" / "experiments" / design.directory
     text = an.README.read_text()
@@ -131,7 +131,7 @@ def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
 
 
 def test_clip_v_amendment_judges_its_arms_within_its_commit(tmp_path):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     ps = {"grpo": [0.30, 0.40], "clip_v": [0.31, 0.40], "clip_v_rescaled": [0.50, 0.62], "clip_b": [0.5, 0.6]}
     for arm, values in ps.items():
         for seed, p in enumerate(values):
@@ -155,14 +155,14 @@ def test_clip_v_amendment_judges_its_arms_within_its_commit(tmp_path):
 
 
 def test_block_before_the_first_run(tmp_path):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     (tmp_path / "per_run").mkdir()
     an.analyze(tmp_path, experiment="sod_clipv")
     assert (tmp_path / "readme_block.md").read_text() == "(no runs analysed yet)\n"
 
 
 def test_analyze_writes_tables_and_block(tmp_path):
-    an = _load("forking_sod_analysis")
+    an = _load("scripts.studies.sod.analysis")
     for arm, values in {"grpo": [0.3, 0.4], "clip_b": [0.5, 0.6], "replay_mask": [0.3, 0.45]}.items():
         for seed, p in enumerate(values):
             _fake_run(tmp_path, arm, seed, p)

@@ -1,4 +1,4 @@
-"""Experiment E's statistics and analysis (scripts/forking_sod_multiplicity.py, scripts/forking_sod_units.py):
+"""Experiment E's statistics and analysis (scripts/studies/sod/multiplicity.py, scripts/studies/sod/units.py):
 Holm and the exact sign-flip p against hand computations, issue 39's verdict rule, a multi-base analysis of
 hand-made runs, and the generated README block against the committed runs."""
 
@@ -20,7 +20,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def test_holm_against_hand_computation():
-    mult = load_script("forking_sod_multiplicity")
+    mult = load_script("scripts.studies.sod.multiplicity")
     # sorted 0.01, 0.03, 0.04 -> 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; max(0.06, 1 x 0.04) = 0.06
     assert mult.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     # sorted 0.001, 0.2, 0.5 -> 0.003; 0.4; max(0.4, 0.5) = 0.5
@@ -35,7 +35,7 @@ def test_holm_against_hand_computation():
 
 
 def test_sign_flip_p_is_exact_for_any_n():
-    mult = load_script("forking_sod_multiplicity")
+    mult = load_script("scripts.studies.sod.multiplicity")
     from scripts.studies.statistics import sign_flip_test
 
     rng = random.Random(3)
@@ -51,7 +51,7 @@ def test_sign_flip_p_is_exact_for_any_n():
 
 
 def test_issue_39_verdict_rule():
-    mult = load_script("forking_sod_multiplicity")
+    mult = load_script("scripts.studies.sod.multiplicity")
     v = mult.corrected_verdict
     assert v(0.03, 0.20, 0.16, 0.01, 0.02) == "better" and v(-0.2, -0.03, -0.1, 0.02, 0.02) == "worse"
     # the issue's example: consistent +0.013 with the interval up to +0.021 is not "none"
@@ -103,7 +103,7 @@ def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, masked: int =
 
 
 def test_units_analysis_on_hand_made_runs(tmp_path):
-    an = load_script("forking_sod_analysis")
+    an = load_script("scripts.studies.sod.analysis")
     design = an.EXPERIMENTS["sod_robust"]
     # p(correct) = avg@64 per unit; units (sod-s0, 0), (sod-s0, 1), (sod-s1, 0) complete; (sod-s2, 0) lacks an arm
     ps = {
@@ -146,7 +146,7 @@ def test_units_analysis_on_hand_made_runs(tmp_path):
 
 
 def test_units_analysis_refuses_mixed_revisions(tmp_path):
-    units = load_script("forking_sod_units")
+    units = load_script("scripts.studies.sod.units")
     _fake_run(tmp_path, "sod-s0", "grpo", 0, 0.3, rev="aaaaaaa")
     _fake_run(tmp_path, "sod-s1", "grpo", 0, 0.3, rev="bbbbbbb")
     with pytest.raises(ValueError, match="code revision"):
@@ -154,7 +154,7 @@ def test_units_analysis_refuses_mixed_revisions(tmp_path):
 
 
 def test_robust_block_matches_the_committed_runs(tmp_path):
-    an = load_script("forking_sod_analysis")
+    an = load_script("scripts.studies.sod.analysis")
     design = an.EXPERIMENTS["sod_robust"]
     exp = SCRIPTS / "forking" / "experiments" / design.directory
     text = an.README.read_text()

@@ -1,4 +1,4 @@
-"""Smoke run of scripts/forking_study.py: the whole pipeline (train, evaluate, collect, analyse) on a tiny grid."""
+"""Smoke run of scripts/studies/forking/: the whole pipeline (train, evaluate, collect, analyse) on a tiny grid."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _load = load_script
 
 
 def test_grid_and_bad_methods():
-    study = _load("forking_study")
+    study = _load("scripts.studies.forking.run")
     args = study.parse_args(["--out", "x", "--grid", "priority"])
     runs = study.grid(args)
     assert len(runs) == len(study.PRIORITY_METHODS) * len(study.FORK_BASES) * len(study.SEEDS)
@@ -33,7 +33,7 @@ def test_grid_and_bad_methods():
 def test_paired_bootstrap_against_brute_force():
     np = pytest.importorskip("numpy")
     pytest.importorskip("pandas")
-    analysis = _load("forking_analysis")
+    analysis = _load("scripts.studies.forking.analysis")
     rng = np.random.default_rng(0)
     diff = rng.normal(0.3, 0.1, size=(5, 12))
     classes = np.array(list("AAAAAABBBBCC"))
@@ -51,13 +51,13 @@ def test_results_block_is_generated_from_the_committed_tables(tmp_path):
     """The committed ``results/readme_table.md`` equals what the analysis prints from the committed tables."""
     np = pytest.importorskip("numpy")
     pd = pytest.importorskip("pandas")
-    analysis, study = _load("forking_analysis"), _load("forking_study")
+    analysis, study = _load("scripts.studies.forking.analysis"), _load("scripts.studies.forking.run")
     results = study.STUDY_DIR / "results"
     for name in ("eval.csv", "train.csv", "run_seconds.json"):
         shutil.copy(results / name, tmp_path / name)
     analysis.analyze(tmp_path, plots=False)
     block = (tmp_path / "readme_table.md").read_text()
-    stale = "stale: python scripts/forking_study.py --analyze --out scripts/forking/results"
+    stale = "stale: python -m scripts.studies.forking --analyze --out scripts/forking/results"
     assert (results / "readme_table.md").read_text() == block, stale
     # One headline number by hand: GRPO on fork-s0, last step, T = 1, p(correct) weighted 70/20/8/2 % by class.
     ev = pd.read_csv(results / "eval.csv")
@@ -72,7 +72,7 @@ def test_results_block_is_generated_from_the_committed_tables(tmp_path):
 
 
 def test_verdicts_and_block_replacement(tmp_path):
-    analysis = _load("forking_analysis")
+    analysis = _load("scripts.studies.forking.analysis")
     row = dict(task="forking", base="b", method="clip_b", endpoint="last", metric="pass@64", diff=0.1)
     paired = [dict(row, lo=0.05, hi=0.2), dict(row, metric="avg@64", lo=-0.1, hi=0.2)]
     assert analysis._verdict(paired, "forking", "b", "clip_b")[0] == "better"
@@ -91,9 +91,9 @@ def test_verdicts_and_block_replacement(tmp_path):
 @pytest.mark.slow
 def test_smoke_study_runs_and_resumes(tmp_path):
     pytest.importorskip("matplotlib")
-    study = _load("forking_study")
+    study = _load("scripts.studies.forking.run")
     if not (study.MODELS_DIR / "fork-s0" / "model.safetensors").exists():
-        pytest.fail(f"base models missing under {study.MODELS_DIR}: run python scripts/make_forking_models.py")
+        pytest.fail(f"base models missing under {study.MODELS_DIR}: run python -m scripts.studies.forking.make_models")
     study.main(["--smoke", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "summary.json").read_text())
     methods = {(r["task"], r["method"]) for r in summary["phenomenon"]}
@@ -126,10 +126,10 @@ def test_exact_correct_probability_matches_sampling(temperature):
 
     from scripts.studies.tasks.forking import reward
 
-    study = _load("forking_study")
+    study = _load("scripts.studies.forking.run")
     path = study.MODELS_DIR / "fork-s0"
     if not (path / "model.safetensors").exists():
-        pytest.fail(f"base model missing: {path}; run python scripts/make_forking_models.py")
+        pytest.fail(f"base model missing: {path}; run python -m scripts.studies.forking.make_models")
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -161,7 +161,7 @@ def test_every_method_config_instantiates(tmp_path, monkeypatch):
     from lit_entropy.cli import cli_main
 
     monkeypatch.chdir(tmp_path)
-    study = _load("forking_study")
+    study = _load("scripts.studies.forking.run")
     for method in study.METHODS:
         for task, base in (("forking", "fork-s0"), ("chain", "chain")):
             run = study.Run(task, base, method, 3, 7)

@@ -10,5 +10,5 @@ for d in "$src"/*/; do
   n=$(basename "$d")
   if [ -f "$d/done.json" ]; then mkdir -p "$dst/$n" && cp "$d"/eval.csv "$d"/train.csv "$d"/done.json "$dst/$n/"; fi
 done
-python scripts/forking_sod.py --experiment "$experiment" --status
-python scripts/forking_sod.py --experiment "$experiment" --analyze --update-readme > /dev/null
+python -m scripts.studies.sod --experiment "$experiment" --status
+python -m scripts.studies.sod --experiment "$experiment" --analyze --update-readme > /dev/null

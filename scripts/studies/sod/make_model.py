@@ -6,9 +6,10 @@ right, and stopped at the first check where sampled (T = 1) validation responses
 their own strategy at least ``--target`` of the time: it executes both strategies, imperfectly, and has not
 learnt the rule. Writes ``<out>/model`` and ``<out>/data/{train,validation,test}.jsonl``.
 
-    python scripts/make_sod_model.py --out scripts/forking/experiments/sod      # ~2 min at 1 thread
+    python -m scripts.studies.sod.make_model --out scripts/forking/experiments/sod      # ~2 min at 1 thread
     # experiment E's bases: another SFT seed, C's data (the splits do not depend on the seed)
-    python scripts/make_sod_model.py --out scripts/forking/experiments/sod_robust/models/sod-s1 --seed 1 --model-only
+    python -m scripts.studies.sod.make_model --out scripts/forking/experiments/sod_robust/models/sod-s1 --seed 1 \\
+        --model-only
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Markdown of the sum-or-difference forking study: the summary tables and the generated README block.
 
-Formats ``summary.json``'s content (``scripts/forking_sod_analysis.py``); computes nothing new.
+Formats ``summary.json``'s content (``scripts/studies/sod/analysis.py``); computes nothing new.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from forking_sod_design import DELTA, LABELS
-
+from scripts.studies.sod.design import DELTA, LABELS
 from scripts.studies.tasks.sum_or_difference import always_sum_share, make_sod_examples
 
 PAPER = (
@@ -98,7 +97,7 @@ def readme_block(summary: dict[str, Any]) -> str:
     n_runs = len(summary["per_run"])
     exp = summary["directory"]
     experiment = summary["experiment"]
-    command = "python scripts/forking_sod.py" + ("" if experiment == "sod" else f" --experiment {experiment}")
+    command = "python -m scripts.studies.sod" + ("" if experiment == "sod" else f" --experiment {experiment}")
     for arm, m in summary["arm_means"].items():
         if "replay_matched_share" in m:
             verdicts.append(

@@ -1,14 +1,14 @@
-"""Analysis of the sum-or-difference forking study (``scripts/forking_sod.py``), by the pre-registered rule.
+"""Analysis of the sum-or-difference forking study (``scripts/studies/sod/run.py``), by the pre-registered rule.
 
 Reads only the committed per-run results (``<exp>/per_run/<run>/{eval,train}.csv`` and ``done.json``) and writes
 ``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md`` (the tables), ``<exp>/pass_at_64.png`` and
 ``<exp>/readme_block.md``; ``--update-readme`` copies the block into ``scripts/forking/README.md`` between its markers.
 
-    python scripts/forking_sod.py --analyze --update-readme
-    python scripts/forking_sod.py --experiment sod_clipv --analyze --update-readme
+    python -m scripts.studies.sod --analyze --update-readme
+    python -m scripts.studies.sod --experiment sod_clipv --analyze --update-readme
 
-The arms, run order, comparisons and README marker of each experiment come from ``forking_sod_design.py``.
-An experiment on several base models (``sod_robust``) is analysed by ``forking_sod_units.py``.
+The arms, run order, comparisons and README marker of each experiment come from ``scripts/studies/sod/design.py``.
+An experiment on several base models (``sod_robust``) is analysed by ``scripts/studies/sod/units.py``.
 
 Endpoint (``PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the test-prompt mean of
 pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the per-seed paired differences, their 95 % Student-t
@@ -24,13 +24,12 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from forking_sod_design import DELTA, EXPERIMENTS, LABELS
-
 from scripts.studies.results import collect
 from scripts.studies.results import load_runs as load_table
+from scripts.studies.sod.design import DELTA, EXPERIMENTS, LABELS
 from scripts.studies.statistics import paired_t_interval, sign_flip_test
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "scripts" / "forking" / "README.md"
 K = 64
 LAST_EVALS = 3
@@ -148,7 +147,7 @@ def comparable_seeds(table: dict[str, dict[str, Any]], arms: tuple[str, ...]) ->
 def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> dict[str, Any]:
     design = EXPERIMENTS[experiment]
     if design.bases:  # (base, seed) units and issue 39's rule: forking_sod_units.py
-        from forking_sod_units import analyze_units
+        from scripts.studies.sod.units import analyze_units
 
         return analyze_units(exp, design, experiment, update_readme)
     runs = load_runs(exp)
@@ -183,7 +182,7 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> 
         "pass64_curves": curves,
     }
     (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    from forking_sod_report import plot, readme_block, summary_tables
+    from scripts.studies.sod.report import plot, readme_block, summary_tables
 
     (exp / "summary.md").write_text(summary_tables(summary))
     plot(summary, exp / "pass_at_64.png")

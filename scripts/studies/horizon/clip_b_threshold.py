@@ -8,25 +8,21 @@ batches like the RL step's (8 train prompts x 8 samples, T = 1.0, group-scaled G
 and prints, per base: the mean threshold ``m - mu * s``, the batch std, the masked tokens per batch by role, and the
 strategy token's S per sampled letter (count, mean). No training: it shows what Clip_B could mask at step 0.
 
-    python scripts/forking_clip_b_threshold.py --experiment horizon   # 29-token responses, A's base models
-    python scripts/forking_clip_b_threshold.py --experiment short     # 8-token responses, B's base models
+    python -m scripts.studies.horizon.clip_b_threshold --experiment horizon   # 29-token responses, A's base models
+    python -m scripts.studies.horizon.clip_b_threshold --experiment short     # 8-token responses, B's base models
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forking_horizon import BASES, EXPERIMENTS  # noqa: E402
-
-from lit_entropy.functional import clip_b_mask, entropy_discriminator, grpo_advantages  # noqa: E402
+from lit_entropy.functional import clip_b_mask, entropy_discriminator, grpo_advantages
+from scripts.studies.horizon.run import BASES, EXPERIMENTS
 
 GROUP = 8
 PROMPTS = 8

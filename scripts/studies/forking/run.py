@@ -5,7 +5,7 @@ right, and does Clip_B (arXiv 2602.03392, mu = 2.5) prevent it better than contr
 number of negative gradients at random, add an entropy bonus, or raise the upper ratio clip?
 
 Each run trains one method (``configs/forking/base.yaml`` + ``configs/forking/<method>.yaml``) from one base
-model (``scripts/forking/models/``, built by ``scripts/make_forking_models.py``) with one RL seed and evaluates
+model (``scripts/forking/models/``, built by ``scripts/studies/forking/make_models.py``) with one RL seed and evaluates
 the policy on the stratified **test** split (16 prompts per class) every ``EVAL_EVERY`` steps at T = 1.0 and 0.7.
 Every prompt has exactly one correct response, so the evaluation scores it by teacher forcing: with p its
 probability under sampling at temperature T, one sample is correct with probability p, avg@K has expectation p
@@ -19,12 +19,12 @@ share of the strategy token and of the rest, reward); ``--analyze`` reads only t
 ``summary.json``, ``summary.md``, ``metrics_by_run.csv``, ``readme_table.md`` and the plots. (Issue 24: this
 study's 80-step design could not show the paper's gain and its bootstrap intervals were too narrow. Its tables stay
 in ``scripts/forking/results/`` as they were; the documentation carries the pre-registered horizon study,
-``scripts/forking_horizon.py``, instead.)
+``scripts/studies/horizon/run.py``, instead.)
 
-    python scripts/forking_study.py --grid priority --out scripts/forking/results   # GRPO, Clip_B, random mask
-    python scripts/forking_study.py --grid full --out scripts/forking/results       # all methods + neutral task
-    python scripts/forking_study.py --collect --analyze --out scripts/forking/results
-    python scripts/forking_study.py --smoke --out /tmp/forking_smoke                # pipeline check, < 1 min
+    python -m scripts.studies.forking --grid priority --out scripts/forking/results   # GRPO, Clip_B, random mask
+    python -m scripts.studies.forking --grid full --out scripts/forking/results       # all methods + neutral task
+    python -m scripts.studies.forking --collect --analyze --out scripts/forking/results
+    python -m scripts.studies.forking --smoke --out /tmp/forking_smoke                # pipeline check, < 1 min
 
 PRIMARY ENDPOINT (fixed before any run): on the test split at T = 1.0, pass@64 and avg@64 over the task's
 class distribution (classes weighted 70/20/8/2 %, ``CLASS_PROBS``), (i) at the last step and (ii) averaged
@@ -45,15 +45,15 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-STUDY_DIR = Path(__file__).resolve().parent / "forking"
+ROOT = Path(__file__).resolve().parents[3]
+STUDY_DIR = ROOT / "scripts" / "forking"
 CONFIG_DIR = ROOT / "configs" / "forking"
-# Base models (scripts/make_forking_models.py); FORKING_MODELS points elsewhere, e.g. at freshly rebuilt ones.
+# Base models (scripts/studies/forking/make_models.py); FORKING_MODELS points elsewhere, e.g. at freshly rebuilt ones.
 MODELS_DIR = Path(os.environ.get("FORKING_MODELS", STUDY_DIR / "models"))
 
 # ------------------------------------------------------------------------------------ fixed design
 # The design lives in forking_design.py (forking_analysis.py reads it too); re-exported for callers of this script.
-from forking_design import (  # noqa: E402, F401  (re-exported: the design as this script's attributes)
+from scripts.studies.forking.design import (  # noqa: E402, F401  (re-exported: the design as this script's attributes)
     BOOTSTRAP,
     EVAL_EVERY,
     FORK_BASES,
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect or args.smoke:
         collect(args.out)
     if args.analyze or args.smoke:
-        from forking_analysis import analyze
+        from scripts.studies.forking.analysis import analyze
 
         analyze(args.out)
 

@@ -2,17 +2,17 @@
 
 The design, endpoint and decision rule are fixed in ``scripts/forking/experiments/sod/PREREGISTRATION.md``
 (committed before the first run). Each run trains one arm from the task's base model
-(``scripts/make_sod_model.py``) with one RL seed and evaluates the policy exactly on the 150 test prompts
+(``scripts/studies/sod/make_model.py``) with one RL seed and evaluates the policy exactly on the 150 test prompts
 every ``EVAL_EVERY`` steps at T = 1.0: every prompt has one or two correct responses, so the probability p that
 one sample is correct is the sum of their sequence probabilities (teacher forcing), avg@k = p and
 pass@k = 1 - (1 - p)^k exactly. Per run it writes ``<exp>/per_run/<run>/{eval.csv,train.csv,done.json}``
 (committed: small); a finished run is skipped, so the study resumes from what is committed.
 
-    python scripts/forking_sod.py --status                       # which runs are done, which remain
-    nice -n 19 python scripts/forking_sod.py --run               # run what remains (resumable; several workers ok)
-    python scripts/forking_sod.py --analyze --update-readme      # tables, verdict, README block
-    python scripts/forking_sod.py --experiment sod_clipv --status  # the Clip_V amendment (likewise --run, ...)
-    python scripts/forking_sod.py --experiment sod_robust --validate  # E's base models at step 0, before any run
+    python -m scripts.studies.sod --status                       # which runs are done, which remain
+    nice -n 19 python -m scripts.studies.sod --run               # run what remains (resumable; several workers ok)
+    python -m scripts.studies.sod --analyze --update-readme      # tables, verdict, README block
+    python -m scripts.studies.sod --experiment sod_clipv --status  # the Clip_V amendment (likewise --run, ...)
+    python -m scripts.studies.sod --experiment sod_robust --validate  # E's base models at step 0, before any run
 
 Arms of ``--experiment sod`` (the default, experiment C): ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every
 step, as many random A < 0 tokens as the Clip_B run of the same seed masked at that step: needs that run first);
@@ -21,7 +21,7 @@ calibration). ``--experiment sod_clipv`` (``experiments/sod_clipv/PREREGISTRATIO
 (mu 8.5, cap 1e-4), ``clip_v_rescaled`` (mu 8.5, cap 0.072) and ``clip_b``, run under their own commit.
 ``--experiment sod_robust`` (issue 39, experiment E): ``grpo`` and Clip_B at mu 2.5 / 2.0 / 3.0 on three base
 models (C's and two more SFT seeds); its runs are named ``<base>__<arm>__s<seed>`` and run unit by unit.
-Experiments, arms and bases are defined in ``forking_sod_design.py``.
+Experiments, arms and bases are defined in ``scripts/studies/sod/design.py``.
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
-from forking_sod_design import EXPERIMENTS, Experiment  # noqa: E402
+from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
+from scripts.studies.results import collect, is_finished, run_rows
+from scripts.studies.sod.design import EXPERIMENTS, Experiment
 
-from scripts.studies.results import collect, is_finished, run_rows  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
 #: The task's base model and data (``model/``, ``data/``), shared by every experiment on the task; also the
 #: results directory of experiment C.
@@ -60,9 +58,10 @@ NULL_DATA_SEED_OFFSET = 1000
 CODE_PATHS = (
     "lit_entropy",
     "configs/forking",
-    "scripts/forking_sod.py",
-    "scripts/forking_sod_design.py",
-    "scripts/forking_controls.py",
+    "scripts/studies/sod/run.py",
+    "scripts/studies/sod/design.py",
+    "scripts/studies/controls.py",
+    "scripts/studies/tasks",
 )
 
 
@@ -253,8 +252,9 @@ def base_failures(m: dict[str, float]) -> list[str]:
 def validate(design: Experiment, exp: Path, bases: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Step-0 exact test metrics of each base model (C's evaluation) and the validity rule; writes
     ``<exp>/models/validation.json``. Run before any RL run of the experiment."""
-    from forking_sod_analysis import endpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scripts.studies.sod.analysis import endpoint
 
     if not design.bases:
         raise ValueError("--validate checks the base models of an experiment with several (--experiment sod_robust)")
@@ -385,7 +385,8 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
             todo.remove(key)
             cmd = [
                 sys.executable,
-                __file__,
+                "-m",
+                "scripts.studies.sod",
                 "--run",
                 "--experiment",
                 args.experiment,
@@ -403,7 +404,7 @@ def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]
             ]
             log = (args.exp / "logs").joinpath(f"{run_name(arm, seed, base)}.log")
             log.parent.mkdir(parents=True, exist_ok=True)
-            running[key] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+            running[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
         if not running and (not ready or elapsed >= args.deadline):
             return
         time.sleep(2)
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.run:
         (pool if args.workers else execute)(args, arms, seeds)
     if args.analyze or args.update_readme:
-        from forking_sod_analysis import analyze
+        from scripts.studies.sod.analysis import analyze
 
         analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
 

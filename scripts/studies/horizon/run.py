@@ -1,7 +1,7 @@
 """Horizon and short-execution forking studies (issue 24, experiments A and B): GRPO vs Clip_B vs a
 count-replaying random mask on the four-strategy forking task.
 
-The first forking study (``scripts/forking_study.py``: four-strategy task, base models fork-s0 / fork-s1) ran
+The first forking study (``scripts/studies/forking/run.py``: four-strategy task, base models fork-s0 / fork-s1) ran
 80 steps. Experiment A (``--experiment horizon``) reruns its task and base models for 400 steps under the
 statistics of the sum-or-difference study. Experiment B (``--experiment short``) runs the same task with one copy
 of the payload per response (8 tokens) from base models built for it, for 300 steps. Designs, endpoints and
@@ -15,10 +15,10 @@ pass@k = 1 - (1 - p)^k (``forking_study.correct_logprob``). Per run it writes
 ``<exp>/per_run/<base>__<arm>__s<seed>/{eval.csv,train.csv,done.json}``; a finished run is skipped, so the
 study resumes from what is there.
 
-    python scripts/forking_horizon.py --status                      # done / todo per run
-    nice -n 19 python scripts/forking_horizon.py --run --workers 2  # run what is missing (resumable)
-    python scripts/forking_horizon.py --analyze --update-readme     # tables, verdicts, generated blocks
-    python scripts/forking_horizon.py --experiment short --status   # experiment B (likewise --run, --analyze)
+    python -m scripts.studies.horizon --status                      # done / todo per run
+    nice -n 19 python -m scripts.studies.horizon --run --workers 2  # run what is missing (resumable)
+    python -m scripts.studies.horizon --analyze --update-readme     # tables, verdicts, generated blocks
+    python -m scripts.studies.horizon --experiment short --status   # experiment B (likewise --run, --analyze)
 
 Arms: ``grpo``; ``clip_b`` (mu 2.5); ``replay_mask`` (at every step, as many random A < 0 tokens as the Clip_B
 run of the same base and seed masked at that step); ``grpo_null`` (GRPO, data order from seed + 1000).
@@ -37,14 +37,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forking_controls import ReplayedCountMasking, RoleRecorder, read_counts  # noqa: E402
-from forking_sod import claim, write_csv  # noqa: E402
-from forking_study import correct_logprob  # noqa: E402
+from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
+from scripts.studies.forking.run import correct_logprob
+from scripts.studies.results import collect, is_finished, run_rows
+from scripts.studies.sod.run import claim, write_csv
 
-from scripts.studies.results import collect, is_finished, run_rows  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
 EXP = EXPERIMENTS_DIR / "horizon"
 CONFIGS = ROOT / "configs" / "forking"
@@ -76,11 +74,12 @@ CODE_PATHS = (
     "scripts/forking/data",
     "scripts/forking/experiments/short/models",
     "scripts/forking/experiments/short/data",
-    "scripts/forking_horizon.py",
-    "scripts/forking_sod.py",
-    "scripts/forking_study.py",
-    "scripts/forking_design.py",
-    "scripts/forking_controls.py",
+    "scripts/studies/horizon/run.py",
+    "scripts/studies/sod/run.py",
+    "scripts/studies/forking/run.py",
+    "scripts/studies/forking/design.py",
+    "scripts/studies/controls.py",
+    "scripts/studies/tasks",
 )
 
 Key = tuple[str, str, int]  # (base, arm, seed)
@@ -245,12 +244,21 @@ def pool(args: argparse.Namespace, keys: list[Key]) -> None:
             key = startable.pop(0)
             todo.remove(key)
             base, arm, seed = key
-            cmd = [sys.executable, __file__, "--run", "--experiment", args.experiment, "--exp", str(args.exp)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "scripts.studies.horizon",
+                "--run",
+                "--experiment",
+                args.experiment,
+                "--exp",
+                str(args.exp),
+            ]
             cmd += ["--bases", base, "--arms", arm]
             cmd += ["--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
             log = args.exp / "logs" / f"{run_name(*key)}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            running[key] = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+            running[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
             print(f"[pool] started {run_name(*key)} at {elapsed:.0f}s", flush=True)
         if not running and (not startable or elapsed >= args.deadline):
             return
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.run:
         (pool if args.workers else execute)(args, keys)
     if args.analyze or args.update_readme:
-        from forking_horizon_analysis import analyze
+        from scripts.studies.horizon.analysis import analyze
 
         analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
 

@@ -1,7 +1,7 @@
 """The forking study's fixed design (decided before any run): methods and their configs, base models, seeds,
 steps, evaluation temperatures and k's, the primary endpoint's K and T, bootstrap draws, and the run grid.
 
-``forking_study.py`` (runs) and ``forking_analysis.py`` (tables) both read it from here, so neither imports
+``run.py`` (runs) and ``analysis.py`` (tables) both read it from here, so neither imports
 the other's module to learn the design.
 """
 

@@ -1,12 +1,12 @@
-"""Analysis of the horizon forking study (``scripts/forking_horizon.py``), by the pre-registered rule.
+"""Analysis of the horizon forking study (``scripts/studies/horizon/run.py``), by the pre-registered rule.
 
 Reads only the per-run results (``<exp>/per_run/<base>__<arm>__s<seed>/{eval,train}.csv`` and ``done.json``) and
 writes ``<exp>/summary.json`` (every number quoted), ``<exp>/summary.md``, ``<exp>/pass_at_64.png`` and
 ``<exp>/readme_block.md`` / ``docs_block.md``; ``--update-readme`` copies the blocks between the experiment's
 markers in ``DOCS``.
 
-    python scripts/forking_horizon.py --analyze --update-readme                      # experiment A
-    python scripts/forking_horizon.py --experiment short --analyze --update-readme   # experiment B
+    python -m scripts.studies.horizon --analyze --update-readme                      # experiment A
+    python -m scripts.studies.horizon --experiment short --analyze --update-readme   # experiment B
 
 Endpoint (``experiments/<experiment>/PREREGISTRATION.md``): per run, the mean over its last 3 evaluations of the
 class-weighted (``CLASS_PROBS``) test mean of pass@64 = 1 - (1 - p)^64 and of avg@64 = p. Per comparison: the
@@ -22,14 +22,13 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from forking_sod_analysis import replace_block, train_summary, verdict
-
 from scripts.studies.results import collect
 from scripts.studies.results import load_runs as load_table
+from scripts.studies.sod.analysis import replace_block, train_summary, verdict
 from scripts.studies.statistics import paired_t_interval, sign_flip_test
 from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 #: Experiment -> the files that carry its generated block, their marker names, and the block ("full": every table;
 #: "docs": status, pooled verdicts and the arm table).
 DOCS = {
@@ -182,7 +181,7 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "horizon")
         "pass64_curves": {f"{b}__{a}__s{s}": curve(r["eval"]) for (b, a, s), r in sorted(runs.items())},
     }
     (exp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    from forking_horizon_report import docs_block, plot, readme_block, summary_tables
+    from scripts.studies.horizon.report import docs_block, plot, readme_block, summary_tables
 
     (exp / "summary.md").write_text(summary_tables(summary))
     if runs:

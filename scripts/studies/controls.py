@@ -1,4 +1,4 @@
-"""Study-side callbacks of the sum-or-difference forking study (``scripts/forking_sod.py``).
+"""Study-side callbacks of the sum-or-difference forking study (``scripts/studies/sod/run.py``).
 
 * :class:`ReplayedCountMasking`: the count-matched random-mask control. It masks, at every step, exactly as
   many negative-advantage tokens as the Clip_B run of the same seed masked at that step (read from that run's

@@ -1,6 +1,6 @@
 """The design of the experiments on the sum-or-difference task, as each ``PREREGISTRATION.md`` fixes it.
 
-``scripts/forking_sod.py`` runs them, ``forking_sod_analysis.py`` judges them and ``forking_sod_report.py``
+``run.py`` runs them, ``analysis.py`` judges them and ``report.py``
 formats them; all three read the arms, run order, comparisons and labels from here (so the report does not
 import the analysis that imports it). Every experiment shares the task's base model and data
 (``scripts/forking/experiments/sod/{model,data}``); each has its own results directory and README block.

@@ -12,8 +12,8 @@ c. the centred baseline: per step, batch mean of S - E_p[S] against batch mean o
 d. mu sweep: masked fraction against mu for Clip_B and Clip_V;
 e. GRPO vs Clip_B vs Clip_V over seeds: entropy, val avg@K and pass@K curves (mean and spread).
 
-    python scripts/entropy_dynamics.py --out runs/dynamics            # full: ~4 min on 2 idle cores
-    python scripts/entropy_dynamics.py --out /tmp/dyn --quick         # smoke run (< 60 s)
+    python -m scripts.studies.dynamics --out runs/dynamics            # full: ~4 min on 2 idle cores
+    python -m scripts.studies.dynamics --out /tmp/dyn --quick         # smoke run (< 60 s)
 
 Needs matplotlib (``pip install lit-entropy[dynamics]``).
 """
@@ -759,7 +759,7 @@ def _report(results: dict[str, Any], plots: list[str], args: argparse.Namespace)
             f"val {args.val_prompts} prompts x K={args.val_k}, mean ± std)",
             "",
             "On this task GRPO's entropy fall is benign (pass@K does not fall), so no method comparison here can "
-            "show the paper's claim, even in principle; the forking testbed (scripts/forking_study.py) is where it "
+            "show the paper's claim, even in principle; the forking testbed (scripts/studies/forking/) is where it "
             "can. 'monitor sign agreement' near 0.5 is chance level: the per-batch first-order prediction does not "
             "predict the sign of the realised entropy change at optimizer-sized steps.",
             "",
@@ -817,7 +817,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     results["timings"] = timings
     results["seconds"] = time.perf_counter() - start
-    results["command"] = "python scripts/entropy_dynamics.py " + " ".join(
+    results["command"] = "python -m scripts.studies.dynamics " + " ".join(
         f"--{k}" if v is True else f"--{k} {v}" for k, v in vars(args).items() if v is not False
     )
     plots = _plots(results, out)

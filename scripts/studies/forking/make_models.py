@@ -13,9 +13,9 @@ with a character-level tokenizer, warm-started by teacher forcing:
 
 Also writes the RL data splits (``<out>/../data/forking`` and ``.../chain``: train/validation/test jsonl).
 
-    python scripts/make_forking_models.py                    # 2 forking bases + chain, ~10 min at 1 thread
-    python scripts/make_forking_models.py --only fork-s1     # one model
-    python scripts/make_forking_models.py --payload-copies 1 --out scripts/forking/experiments/short \
+    python -m scripts.studies.forking.make_models                    # 2 forking bases + chain, ~10 min at 1 thread
+    python -m scripts.studies.forking.make_models --only fork-s1     # one model
+    python -m scripts.studies.forking.make_models --payload-copies 1 --out scripts/forking/experiments/short \
         --only data   # then --only fork-s0, --only fork-s1: issue 24 experiment B's short-execution task
 """
 
@@ -47,7 +47,7 @@ from scripts.studies.tasks.forking import (
     write_splits,
 )
 
-ROOT = Path(__file__).resolve().parent / "forking"
+ROOT = Path(__file__).resolve().parents[3] / "scripts" / "forking"
 FORK_SEEDS = (0, 1)
 # RL data: the task module's study splits (train from the task distribution, validation / test stratified).
 FORK_SPLITS = STUDY_SPLITS

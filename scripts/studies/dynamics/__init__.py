@@ -1,0 +1,2 @@
+"""Entropy-dynamics implementation checks: ``python -m scripts.studies.dynamics``; report in
+``scripts/dynamics_report/``."""

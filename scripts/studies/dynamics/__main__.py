@@ -1,0 +1,3 @@
+from scripts.studies.dynamics.run import main
+
+main()

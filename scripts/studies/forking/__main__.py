@@ -1,0 +1,3 @@
+from scripts.studies.forking.run import main
+
+main()

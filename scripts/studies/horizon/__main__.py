@@ -1,0 +1,3 @@
+from scripts.studies.horizon.run import main
+
+main()

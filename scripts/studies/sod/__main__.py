@@ -1,0 +1,3 @@
+from scripts.studies.sod.run import main
+
+main()

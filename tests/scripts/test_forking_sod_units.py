@@ -115,7 +115,9 @@ def test_units_analysis_on_hand_made_runs(tmp_path):
     for (base, seed), arms in ps.items():
         for arm, p in arms.items():
             _fake_run(tmp_path, base, arm, seed, p, masked=3 if arm.startswith("clip_b") else 0)
-    summary = an.analyze(tmp_path, experiment="sod_robust")
+    summary = load_script("scripts.studies.sod.units").analyze_units(
+        tmp_path, an.EXPERIMENTS["sod_robust"], "sod_robust"
+    )
     assert summary["units"] == ["sod-s0 s0", "sod-s0 s1", "sod-s1 s0"]
     pooled = {(f["name"], f["metric"]): f for f in summary["families"]}
     assert set(pooled) == {("pooled", "pass@64"), ("pooled", "avg@64"), ("sod-s0", "pass@64")}  # sod-s1: 1 unit
@@ -165,7 +167,7 @@ def test_robust_block_matches_the_committed_runs(tmp_path):
         assert block == short == "(no runs analysed yet)"
         return
     shutil.copy(exp / "runs.parquet", tmp_path / "runs.parquet")
-    an.analyze(tmp_path, experiment="sod_robust")
+    load_script("scripts.studies.sod.units").analyze_units(tmp_path, an.EXPERIMENTS["sod_robust"], "sod_robust")
     assert (tmp_path / "readme_block.md").read_text().rstrip() == block
     assert (tmp_path / "docs_block.md").read_text().rstrip() == short
     for name in run_names(exp):  # every committed run is a pre-registered one

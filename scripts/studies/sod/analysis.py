@@ -145,11 +145,11 @@ def comparable_seeds(table: dict[str, dict[str, Any]], arms: tuple[str, ...]) ->
 
 
 def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> dict[str, Any]:
+    """Experiment ``experiment``'s runs in ``exp`` by C's rule; an experiment on several base models goes to
+    :func:`scripts.studies.sod.units.analyze_units` (``run.py`` picks)."""
     design = EXPERIMENTS[experiment]
-    if design.bases:  # (base, seed) units and issue 39's rule: forking_sod_units.py
-        from scripts.studies.sod.units import analyze_units
-
-        return analyze_units(exp, design, experiment, update_readme)
+    if design.bases:
+        raise ValueError(f"{experiment} has (base, seed) units: scripts.studies.sod.units.analyze_units judges it")
     runs = load_runs(exp)
     table = per_run_table(runs)
     first_seeds = comparable_seeds(table, design.first)

@@ -458,9 +458,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.run:
         (pool if args.workers else execute)(args, arms, seeds)
     if args.analyze or args.update_readme:
-        from scripts.studies.sod.analysis import analyze
+        if design.bases:  # (base, seed) units and issue 39's rule
+            from scripts.studies.sod.units import analyze_units
 
-        analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
+            analyze_units(args.exp, design, args.experiment, args.update_readme)
+        else:
+            from scripts.studies.sod.analysis import analyze
+
+            analyze(args.exp, update_readme=args.update_readme, experiment=args.experiment)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ import torch
 
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
 from scripts.studies.forking.run import correct_logprob
-from scripts.studies.results import collect, is_finished, run_rows
-from scripts.studies.sod.run import claim, write_csv
+from scripts.studies.results import is_finished, run_rows
+from scripts.studies.runs import fit_and_record
+from scripts.studies.sod.run import claim
 
 ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
@@ -79,6 +80,7 @@ CODE_PATHS = (
     "scripts/studies/forking/run.py",
     "scripts/studies/forking/design.py",
     "scripts/studies/controls.py",
+    "scripts/studies/runs.py",
     "scripts/studies/tasks",
 )
 
@@ -162,24 +164,7 @@ def train_one(key: Key, steps: int, eval_every: int, exp: Path, experiment: str 
     if arm.startswith("replay"):
         replay = ReplayedCountMasking(read_counts(run_rows(exp, run_name(base, "clip_b", seed), "train")), seed=seed)
         cli.trainer.callbacks.append(replay)
-    t0 = time.perf_counter()
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    seconds = time.perf_counter() - t0
-    if int(cli.trainer.global_step) != steps or len(recorder.rows) != steps:
-        raise RuntimeError(f"{run_name(*key)} stopped at step {cli.trainer.global_step} of {steps}; not done")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(run_dir / "eval.csv", eval_rows)
-    write_csv(run_dir / "train.csv", recorder.rows)
-    done = {
-        "seconds": round(seconds, 1),
-        "steps": steps,
-        "code_revision": code_revision(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "replay_shortfall": None if replay is None else replay.shortfall,
-    }
-    (run_dir / "done.json").write_text(json.dumps(done) + "\n")
-    collect(exp)  # into the experiment's runs.parquet
+    fit_and_record(cli, recorder, eval_rows, replay, run_dir, steps, code_revision())
 
 
 def planned(bases: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[Key]:

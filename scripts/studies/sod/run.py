@@ -27,7 +27,6 @@ Experiments, arms and bases are defined in ``scripts/studies/sod/design.py``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -39,7 +38,8 @@ from typing import Any
 import torch
 
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
-from scripts.studies.results import collect, is_finished, run_rows
+from scripts.studies.results import is_finished, run_rows
+from scripts.studies.runs import fit_and_record
 from scripts.studies.sod.design import EXPERIMENTS, Experiment
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,6 +61,7 @@ CODE_PATHS = (
     "scripts/studies/sod/run.py",
     "scripts/studies/sod/design.py",
     "scripts/studies/controls.py",
+    "scripts/studies/runs.py",
     "scripts/studies/tasks",
 )
 
@@ -164,15 +165,6 @@ def evaluate(policy: Any, tokenizer: Any, step: int, temperature: float = 1.0) -
     ]
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
 def train_one(
     arm: str,
     seed: int,
@@ -202,25 +194,7 @@ def train_one(
         counts = read_counts(run_rows(exp, run_name("clip_b", seed, base), "train"))  # its Clip_B run first
         replay = ReplayedCountMasking(counts, by_role=arm == "replay_role", seed=seed)
         cli.trainer.callbacks.append(replay)
-    t0 = time.perf_counter()
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    seconds = time.perf_counter() - t0
-    if int(cli.trainer.global_step) != steps or len(recorder.rows) != steps:
-        # Lightning ends fit() quietly on SIGTERM: an interrupted run must not be marked done.
-        raise RuntimeError(f"{name} stopped at step {cli.trainer.global_step} of {steps}; not done")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(run_dir / "eval.csv", eval_rows)
-    write_csv(run_dir / "train.csv", recorder.rows)
-    done = {
-        "seconds": round(seconds, 1),
-        "steps": steps,
-        "code_revision": code_revision(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "replay_shortfall": None if replay is None else replay.shortfall,
-    }
-    (run_dir / "done.json").write_text(json.dumps(done) + "\n")
-    collect(exp)  # into the experiment's runs.parquet
+    fit_and_record(cli, recorder, eval_rows, replay, run_dir, steps, code_revision())
 
 
 #: Experiment E's validity rule for a base model before RL (``experiments/sod_robust/PREREGISTRATION.md``).

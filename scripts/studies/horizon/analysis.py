@@ -24,8 +24,7 @@ from typing import Any
 
 from scripts.studies.results import collect
 from scripts.studies.results import load_runs as load_table
-from scripts.studies.sod.analysis import replace_block, train_summary, verdict
-from scripts.studies.statistics import paired_t_interval, sign_flip_test
+from scripts.studies.sod.analysis import judge, replace_block, train_summary
 from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,19 +121,7 @@ def compare(table: dict[str, dict[str, Any]], treated: str, control: str, units:
     out: dict[str, Any] = {"treated": treated, "control": control, "units": [list(u) for u in units]}
     for metric in METRICS:
         x = [table[f"{b}__{treated}__s{s}"][metric] for b, s in units]
-        y = [table[f"{b}__{control}__s{s}"][metric] for b, s in units]
-        diffs = [a - c for a, c in zip(x, y, strict=True)]
-        interval = paired_t_interval(x, y)
-        p = sign_flip_test(diffs)
-        out[metric] = {
-            "mean": interval.estimate,
-            "low": interval.low,
-            "high": interval.high,
-            "p_sign_flip": p,
-            "positive": sum(d > 0 for d in diffs),
-            "diffs": diffs,
-            "verdict": verdict(interval.low, interval.high, interval.estimate, p),
-        }
+        out[metric] = judge(x, [table[f"{b}__{control}__s{s}"][metric] for b, s in units])
     return out
 
 

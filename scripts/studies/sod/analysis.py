@@ -119,23 +119,28 @@ def per_run_table(runs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict
     return table
 
 
+def judge(x: list[float], y: list[float]) -> dict[str, Any]:
+    """One pre-registered comparison of paired values (treated ``x``, control ``y``, one per unit): the mean
+    difference, its 95 % paired t interval, the exact sign-flip p-value, the units above 0, and the verdict."""
+    diffs = [a - b for a, b in zip(x, y, strict=True)]
+    interval = paired_t_interval(x, y)
+    p = sign_flip_test(diffs)
+    return {
+        "mean": interval.estimate,
+        "low": interval.low,
+        "high": interval.high,
+        "p_sign_flip": p,
+        "positive": sum(d > 0 for d in diffs),
+        "diffs": diffs,
+        "verdict": verdict(interval.low, interval.high, interval.estimate, p),
+    }
+
+
 def compare(table: dict[str, dict[str, Any]], treated: str, control: str, seeds: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {"treated": treated, "control": control, "seeds": seeds}
     for metric in METRICS:
         x = [table[f"{treated}__s{s}"][metric] for s in seeds]
-        y = [table[f"{control}__s{s}"][metric] for s in seeds]
-        diffs = [a - b for a, b in zip(x, y, strict=True)]
-        interval = paired_t_interval(x, y)
-        p = sign_flip_test(diffs)
-        out[metric] = {
-            "mean": interval.estimate,
-            "low": interval.low,
-            "high": interval.high,
-            "p_sign_flip": p,
-            "positive": sum(d > 0 for d in diffs),
-            "diffs": diffs,
-            "verdict": verdict(interval.low, interval.high, interval.estimate, p),
-        }
+        out[metric] = judge(x, [table[f"{control}__s{s}"][metric] for s in seeds])
     return out
 
 

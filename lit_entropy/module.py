@@ -21,6 +21,7 @@ from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
 from lit_entropy.models.frozen import drop_frozen_weights, restore_frozen_weights
+from lit_entropy.models.lora import adapters_disabled
 from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.reporting.dashboard import (
     DashboardRun,
@@ -68,6 +69,7 @@ from lit_entropy.step.schedule import optimizer_step_rows
 from lit_entropy.step.skips import SkippedUpdates
 from lit_entropy.step.statistics import reuses_statistics_forward, statistics_pass
 from lit_entropy.step.token_requests import apply_token_requests
+from lit_entropy.training.health import PolicyDiverged, explain_sampling_failure
 from lit_entropy.training.lifecycle import ModelLifecycle
 
 __all__ = ["RFTModule"]
@@ -173,8 +175,6 @@ class RFTModule(ModelLifecycle):
         try:
             return self.rollout_engine.generate(self.policy, batch["input_ids"], batch["attention_mask"], sampling)
         except Exception as error:
-            from lit_entropy.training.health import PolicyDiverged, explain_sampling_failure
-
             cause = explain_sampling_failure(attached_trainer(self), error)  # exploded weights, not the engine
             if cause is not None:
                 raise PolicyDiverged(cause) from error
@@ -232,8 +232,6 @@ class RFTModule(ModelLifecycle):
         if self.ref_model is not None:
             return self.policy_forward(self.ref_model, rollout).stats.logprobs
         if self.settings.loss.kl_coef > 0 and self.settings.policy.lora is not None:
-            from lit_entropy.models.lora import adapters_disabled
-
             with adapters_disabled(self.policy):
                 return self.policy_forward(self.policy, rollout).stats.logprobs
         return None

@@ -8,6 +8,7 @@ process-wide signal handlers.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 import numbers
@@ -387,8 +388,6 @@ def word_problem_reward(completions: list[str], answers: list[str]) -> list[floa
 
 @lru_cache(maxsize=1)
 def _has_math_verify() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("math_verify") is not None
 
 

@@ -21,6 +21,9 @@ Rules (every import counts, including the lazy ones inside functions):
 - No import cycle among the packages of ``lit_entropy`` either (its first-level subpackages and top-level
   modules: ``data``, ``models``, ``settings``, ...), counting every import, the lazy ones too: a package that
   needs another which needs it back has no place in the layering, and its lazy import only hides the loop.
+- An import inside a function of ``lit_entropy/`` says why it is there in a comment (on the line above its block
+  of imports, or on the statement): deferring an import is for startup time (``lit-entropy --help``, a light
+  package) or an optional dependency, not for hiding a cycle; one without a reason belongs at the top.
 - No file of ``lit_entropy/`` imports another file's private (``_underscore``) names, neither
   ``from m import _name`` nor ``m._name`` on an imported module: a helper two files share is public in its
   package (issue 33), so a split by concept shows in the names.
@@ -33,6 +36,8 @@ at most 400 lines and ``RFTModule`` at most 12 settings groups (issue 33).
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -391,6 +396,71 @@ def test_no_import_cycle_among_the_library_packages():
             for imp in imports
         ]
     assert not lines, "\n".join(lines)
+
+
+def _unexplained_local_imports(path: Path) -> list[str]:
+    """``file:line`` of each import inside a function of ``path`` without a comment giving its reason: none on the
+    statement's lines, none on the line above it or above the run of import statements it belongs to."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    commented = {
+        token.start[0]
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    found = []
+
+    def explained(statement: ast.stmt) -> bool:
+        own = set(range(statement.lineno, statement.end_lineno + 1)) & commented
+        above = statement.lineno - 1
+        while above > 0 and not lines[above - 1].strip():  # blank lines inside an import run (sections)
+            above -= 1
+        return bool(own) or above in commented
+
+    def visit(body: list[ast.stmt], in_function: bool) -> None:
+        run_explained = False
+        for statement in body:
+            if isinstance(statement, (ast.Import, ast.ImportFrom)) and in_function:
+                run_explained = run_explained or explained(statement)
+                if not run_explained:
+                    found.append(f"{where}:{statement.lineno}")
+                continue
+            run_explained = False
+            inner = in_function or isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(statement, field, []) or [], inner)
+            for handler in getattr(statement, "handlers", []):
+                visit(handler.body, inner)
+
+    visit(ast.parse(source).body, False)
+    return found
+
+
+def test_the_local_import_finder_wants_a_comment_per_run_of_imports(tmp_path):
+    source = tmp_path / "fake.py"
+    source.write_text(
+        "import os\n"
+        "def f():\n"
+        "    # deferred: heavy\n"
+        "    import json\n"
+        "\n"
+        "    import csv\n"
+        "    x = 1\n"
+        "    import re\n"
+        "    import io  # optional dependency\n"
+        "    if x:\n"
+        "        import ast\n"
+    )
+    assert [line.rsplit(":", 1)[1] for line in _unexplained_local_imports(source)] == ["8", "11"]
+
+
+def test_every_import_inside_a_function_gives_its_reason():
+    bad = [line for path in sorted(PACKAGE.rglob("*.py")) for line in _unexplained_local_imports(path)]
+    assert not bad, (
+        "an import inside a function needs a comment saying why it is deferred (startup time, optional dependency);"
+        " otherwise import it at the top:\n" + "\n".join(bad)
+    )
 
 
 def test_at_most_six_top_level_modules():

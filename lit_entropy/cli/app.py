@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentError, set_parsing_settings
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningCLI, SaveConfigCallback
 
 import lit_entropy.callbacks  # noqa: F401  (registers the callbacks: --trainer.callbacks+=ClipCov works by short name)
 from lit_entropy import __version__
+from lit_entropy.checkpointing import DiskFullError
 from lit_entropy.cli.errors import SettingsError
 from lit_entropy.cli.export import export_main
 from lit_entropy.cli.interrupts import interruption_exit_status
 from lit_entropy.cli.output_paths import check_output_paths
+from lit_entropy.cli.overview import COMMANDS
 from lit_entropy.cli.parse_errors import explain_build_error, explain_parse_error
 from lit_entropy.cli.parser import RFTArgumentParser
 from lit_entropy.cli.preflight import apply_default_budget, check_cadences, preflight_data
@@ -34,10 +42,19 @@ from lit_entropy.cli.resume import (
 from lit_entropy.cli.run_dir import claim_version_dirs, loggers_kept_open, place_logger, release_unused_run_dirs
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.functional.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
-from lit_entropy.internals.cli import append_help
-from lit_entropy.internals.lightning import run_cli_subcommand
+from lit_entropy.internals.cli import append_help, subcommand_parser
+from lit_entropy.internals.lightning import (
+    add_subcommand_parsers,
+    hpc_resume_path,
+    hpc_resume_path_in,
+    run_cli_subcommand,
+)
+from lit_entropy.models.packaged import is_packaged_name, resolve_model_path
+from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
 from lit_entropy.module import RFTModule
+from lit_entropy.rewards import RewardFunctionError
 from lit_entropy.settings import check_legacy_model_keys
+from lit_entropy.training.health import PolicyDiverged
 
 __all__ = ["RFTCLI", "cli_main", "main"]
 
@@ -100,8 +117,6 @@ class RunDirectoryGuard(SaveConfigCallback):
                     "overwrite it on purpose"
                 )
         if self.resumed_run:  # the run's own checkpoints are there: expected, not a reused directory
-            import warnings
-
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         # The check above replaces Lightning's; it would refuse only config.yaml, with a message about its API.
         self.overwrite = True
@@ -148,9 +163,6 @@ class RFTCLI(LightningCLI):
         }
 
     def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
-        from lit_entropy.cli.overview import COMMANDS
-        from lit_entropy.internals.lightning import add_subcommand_parsers
-
         named = next((arg for arg in self._command_line or () if arg in self.subcommands()), None)
         chosen = [named] if named else list(self.subcommands())  # none named: all (the parser reports the error)
         add_subcommand_parsers(self, parser, {name: COMMANDS[name] for name in chosen}, **kwargs)
@@ -179,8 +191,6 @@ class RFTCLI(LightningCLI):
             apply_default_budget(config["trainer"])
 
     def instantiate_classes(self) -> None:
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
         try:
             super().instantiate_classes()
         except (ValueError, TypeError, MisconfigurationException) as err:
@@ -191,8 +201,6 @@ class RFTCLI(LightningCLI):
 
     def _settings_parser(self) -> Any:
         """The parser of the running subcommand (it holds the settings' types), else the main one."""
-        from lit_entropy.internals.cli import subcommand_parser
-
         return subcommand_parser(self, self.subcommand)
 
     def parse_arguments(self, parser: Any, args: ArgsType) -> None:
@@ -283,9 +291,6 @@ class RFTCLI(LightningCLI):
 
 def check_model_paths(model: Any) -> None:
     """The policy's (and a PPO critic's) model directory, checked before anything is loaded."""
-    from lit_entropy.models.packaged import is_packaged_name, resolve_model_path
-    from lit_entropy.models.paths import MODEL_PATH_SETTING, check_model_dir
-
     try:
         path = getattr(model, "model_name_or_path", None)
         if path is not None:  # a packaged name is converted here (once), before any training starts
@@ -305,12 +310,6 @@ def requeue_checkpoint(trainer_config: Any) -> Path | None:
     directory when unset) whenever it runs under SLURM and ``--ckpt_path`` is not given; the command line
     treats it as that ``--ckpt_path``: the same settings checks, and the run continues in its own directory.
     """
-    import os
-
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    from lit_entropy.internals.lightning import hpc_resume_path_in
-
     if not SLURMEnvironment.detect():
         return None
     return hpc_resume_path_in(trainer_config.get("default_root_dir") or os.getcwd())
@@ -320,9 +319,6 @@ def _resuming(cli: RFTCLI, fit: Any) -> bool:
     """``--ckpt_path`` given, or a SLURM requeue that Lightning will resume from an ``hpc_ckpt_N.ckpt``."""
     if fit.get("ckpt_path"):
         return True
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    from lit_entropy.internals.lightning import hpc_resume_path
 
     return SLURMEnvironment.detect() and hpc_resume_path(cli.trainer) is not None
 
@@ -382,8 +378,6 @@ def keep_last_checkpoint(trainer: Trainer, trainer_config: Any) -> None:
     :class:`~lit_entropy.checkpointing.ResumableCheckpointing` refreshes ``last.ckpt`` at the end of
     ``fit``, so it holds the final step (and agrees with the exported model).
     """
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     configured = trainer_config.get("callbacks") or []
     configured = configured if isinstance(configured, list) else [configured]
     if any("ModelCheckpoint" in str(_class_path(c)) for c in configured):
@@ -405,8 +399,6 @@ def _class_path(entry: Any) -> str:
 
 def check_legacy_arguments(args: list[str]) -> None:
     """Raise a ValueError naming today's key for any old ``model.*`` key in ``args`` or their config files."""
-    import yaml
-
     given: dict[str, Any] = {}
     for index, arg in enumerate(args):
         key, _, value = arg.partition("=")
@@ -464,12 +456,6 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint and without validation or export.
     Set ``LIT_ENTROPY_TRACEBACK=1`` for the traceback.
     """
-    import os
-
-    from lit_entropy.checkpointing import DiskFullError
-    from lit_entropy.rewards import RewardFunctionError
-    from lit_entropy.training.health import PolicyDiverged
-
     from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from lit_entropy import __version__
 from lit_entropy.cli.overview import COMMANDS, HELP
 
 __all__ = ["main"]
@@ -25,8 +26,6 @@ def main(argv: list[str] | None = None) -> None:
         print(HELP, end="")
         raise SystemExit(0)
     if args[:1] in (["--version"], ["-V"]):
-        from lit_entropy import __version__
-
         print(f"lit-entropy {__version__}")
         return
     if not args or (not args[0].startswith("-") and args[0] not in COMMANDS):
@@ -35,10 +34,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{HELP.splitlines()[0]}\nlit-entropy: error: {problem}; choose one of {', '.join(COMMANDS)}\n"
         )
         raise SystemExit(2)
+    # deferred: `lit-entropy --help` imports this module alone; the CLI (Lightning, torch) loads for a command
     from lit_entropy.cli.quiet import silence_known_noise, silence_progress_bars
 
     silence_known_noise()
     silence_progress_bars()
+    # deferred: `lit-entropy --help` imports this module alone; the CLI (Lightning, torch) loads for a command
     from lit_entropy.cli.app import main as run
 
     run(argv)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+from transformers import AutoTokenizer
 
 from lit_entropy.cli.errors import SettingsError
 from lit_entropy.cli.quiet import quiet_log_lines
+from lit_entropy.models.export import check_export_target, export_hf_model
+from lit_entropy.models.packaged import resolve_model_path
 from lit_entropy.module import RFTModule
 
 __all__ = ["export_main"]
@@ -18,10 +23,6 @@ def export_main(args: list[str] | None = None) -> str:
     Works on consolidated (single-file) checkpoints; ``fit`` also exports at its end (``model.logging.export_dir``).
     A non-empty ``--out`` that is not a previous lit_entropy export is refused unless ``--overwrite``.
     """
-    import argparse
-
-    from lit_entropy.models.export import check_export_target, export_hf_model
-
     parser = argparse.ArgumentParser(prog="lit-entropy export", description=export_main.__doc__)
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written by lit-entropy fit")
     parser.add_argument("--out", required=True, help="directory to write (created, or a previous export)")
@@ -44,10 +45,6 @@ def export_main(args: list[str] | None = None) -> str:
         module = RFTModule.load_from_checkpoint(options.ckpt_path, map_location="cpu")
     tokenizer = module.tokenizer
     if tokenizer is None:  # not set up: the tokenizer of the model the run started from
-        from transformers import AutoTokenizer
-
-        from lit_entropy.models.packaged import resolve_model_path
-
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(module.model_name_or_path))
     path = export_hf_model(module.policy, tokenizer, options.out, overwrite=options.overwrite, merge=options.merge)
     print(f"lit_entropy: exported the policy of {options.ckpt_path} to {path}")

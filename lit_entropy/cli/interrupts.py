@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_entropy.checkpointing import RunInterrupted, take_interruption
 
 __all__ = ["INTERRUPTED_EXIT", "interruption_exit_status"]
 
@@ -22,12 +27,6 @@ def interruption_exit_status() -> Iterator[None]:
     SIGTERM during a validation with a ``SystemExit`` of status 0: those become 130 and 143. A Ctrl-C
     before training (loading the model) prints one line instead of a traceback.
     """
-    import signal
-
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from lit_entropy.checkpointing import RunInterrupted, take_interruption
-
     take_interruption()  # a previous in-process command's
     try:
         yield

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import ModelCheckpoint
+
 from lit_entropy.cli.errors import SettingsError
+from lit_entropy.models.export import (
+    check_export_target,
+    default_export_dir,  # the path the run's export will use
+)
 
 __all__ = ["OutputPath", "check_output_paths", "output_path_problem", "run_output_paths"]
 
@@ -47,8 +53,6 @@ def output_path_problem(path: str | os.PathLike) -> str | None:
 
 def run_output_paths(trainer: Any, module: Any, *, fit: bool) -> list[OutputPath]:
     """The directories this run writes to: the loggers', and for ``fit`` the checkpoints' and the export's."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     out = []
     log_setting = "trainer.logger.init_args.save_dir" if trainer.loggers else "trainer.default_root_dir"
     for logger in trainer.loggers:
@@ -70,8 +74,6 @@ def run_output_paths(trainer: Any, module: Any, *, fit: bool) -> list[OutputPath
         if logging.export_dir is not None:
             out.append(OutputPath("model.logging.export_dir", str(logging.export_dir)))
         elif trainer.loggers:  # without a logger (and no export_dir) nothing is exported
-            from lit_entropy.models.export import default_export_dir  # the path the run's export will use
-
             out.append(OutputPath("model.logging.export_dir (null: <log_dir>/hf_model)", default_export_dir(trainer)))
     return out
 
@@ -82,8 +84,6 @@ def check_output_paths(trainer: Any, module: Any, *, fit: bool) -> None:
     ``model.logging.export_dir`` is also checked as an export target (no other data in it), as ``fit``
     would check it only when it ends.
     """
-    from lit_entropy.models.export import check_export_target
-
     for output in run_output_paths(trainer, module, fit=fit):
         if "://" in output.path:  # a remote file system (s3://, ...): its own client reports errors
             continue

@@ -16,6 +16,9 @@ import re
 import typing
 from typing import Any
 
+from lit_entropy.internals.cli import parser_settings
+from lit_entropy.settings import LEGACY_MODEL_KEYS
+
 __all__ = ["explain_build_error", "explain_parse_error", "setting_keys", "suggest"]
 
 _KEY = re.compile(r'Parser key "([^"]+)":')
@@ -80,8 +83,6 @@ def explain_build_error(err: BaseException, parser: Any = None) -> str:
 
 def setting_keys(parser: Any) -> list[str]:
     """Every dotted setting ``parser`` accepts, including the fields of optional settings groups (``model.ppo.*``)."""
-    from lit_entropy.internals.cli import parser_settings
-
     keys: list[str] = []
     for setting in parser_settings(parser):
         for option in setting.options:
@@ -114,8 +115,6 @@ def _closest_setting(key: str, keys: list[str]) -> str:
     if close := difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6):
         return f" (did you mean {siblings[close[0]]}?)"
     if key.startswith("model."):  # a misspelt old name: suggest where it lives today
-        from lit_entropy.settings import LEGACY_MODEL_KEYS
-
         if close := difflib.get_close_matches(key.removeprefix("model."), list(LEGACY_MODEL_KEYS), n=1, cutoff=0.8):
             return f" (did you mean {LEGACY_MODEL_KEYS[close[0]]}?)"
     if siblings:
@@ -336,8 +335,6 @@ def _init_arguments(class_path: str) -> list[str]:
 
 def _key_for_subtypes(parser: Any, subtypes: str) -> str | None:
     """The setting whose type is the union jsonargparse listed as ``subtypes``."""
-    from lit_entropy.internals.cli import parser_settings
-
     for setting in parser_settings(parser) if parser is not None else []:
         hint = setting.typehint
         if hint is not None and not setting.dest.endswith(".help") and str(list(typing.get_args(hint))) == subtypes:

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from lit_entropy.cli.parse_errors import explain_parse_error
 from lit_entropy.internals.cli import read_negative_numbers_as
 
 __all__ = ["NEGATIVE_NUMBER", "RFTArgumentParser"]
@@ -35,7 +36,6 @@ class RFTArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("LIT_ENTROPY_TRACEBACK") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        from lit_entropy.cli.parse_errors import explain_parse_error
 
         parser = getattr(ex, "subcommand_parser", None) or self
         sys.stderr.write(f"lit-entropy: error: {explain_parse_error(message, parser)}\n")

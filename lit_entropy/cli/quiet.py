@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,8 +46,6 @@ def quiet_checkpoint_restore() -> None:
     from ``--ckpt_path``, that "the dirpath has changed ... won't be reloaded" (its best-k bookkeeping) does
     not apply to them (a run's own validation logs inside the run, see :mod:`lit_entropy.cli.run_dir`, but
     ``--trainer.logger=false`` or a checkpoint outside its run still moves the directory)."""
-    import warnings
-
     warnings.filterwarnings("ignore", message=r"The dirpath has changed from .* won't be reloaded")
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from lit_entropy.checkpointing.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
+from lit_entropy.checkpointing.fingerprint import fingerprint_change
 from lit_entropy.cli.errors import SettingsError
+from lit_entropy.functional.registry import POLICY_LOSSES, default_loss_agg_mode
+from lit_entropy.reporting.steps import checkpoint_log_dir, checkpoint_trained_batches
+from lit_entropy.settings import DEFAULT_ESTIMATORS, carry_over_renamed_keys
 
 __all__ = [
     "RESUME_SAFE_KEYS",
@@ -42,8 +51,6 @@ def explicit_changes(saved: Any, explicit: Any, prefix: str) -> list[tuple[str, 
     ``null``. The leaf names in :data:`RESUME_SAFE_KEYS` are skipped: they cannot alter the training
     trajectory.
     """
-    from collections.abc import Mapping
-
     out: list[tuple[str, Any, Any]] = []
     if not isinstance(explicit, Mapping):
         return out
@@ -70,8 +77,6 @@ def resolve_null_estimator(saved_model: dict[str, Any], explicit_model: dict[str
     given; checkpoints from before the registries store no estimator at all. Both mean the same estimator,
     so neither is a change on resume. Edits the dicts in place (``explicit_model`` only where it sets the key).
     """
-    from lit_entropy.settings import DEFAULT_ESTIMATORS
-
     old_algorithm = saved_model.get("algorithm", "grpo")
     new_algorithm = explicit_model.get("algorithm", old_algorithm)
     saved_adv = saved_model.get("advantages")
@@ -90,8 +95,6 @@ def resolve_null_loss_agg_mode(saved_model: dict[str, Any], explicit_model: dict
     store the resolved mode, while a run's ``config.yaml`` keeps the null: the same setting, no change on resume.
     The loss is the one given, else the checkpoint's (``ppo`` when it records none). Edits ``explicit_model``.
     """
-    from lit_entropy.functional.registry import POLICY_LOSSES, default_loss_agg_mode
-
     given = explicit_model.get("loss")
     if not (isinstance(given, dict) and "loss_agg_mode" in given and given["loss_agg_mode"] is None):
         return
@@ -110,8 +113,6 @@ def report_setting_changes(
     changed setting would be honoured only partly; ``validate`` / ``test`` use the checkpoint's weights
     with the settings given.
     """
-    import warnings
-
     if not changes:
         return
     listing = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
@@ -136,8 +137,6 @@ def report_setting_changes(
 
 
 def deep_merge(base: Any, override: Any) -> Any:
-    from collections.abc import Mapping
-
     if isinstance(base, Mapping) and isinstance(override, Mapping):
         merged = dict(base)
         for key, value in override.items():
@@ -148,10 +147,6 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 def check_data_unchanged(ckpt_path: str | Path, saved: dict[str, Any] | None, spec: Any, *, allow: bool) -> None:
     """Refuse (or with ``allow`` warn about) training data that changed since the checkpoint was written."""
-    import warnings
-
-    from lit_entropy.checkpointing.fingerprint import fingerprint_change
-
     change = fingerprint_change(saved, spec)
     if change is None:
         return
@@ -208,8 +203,6 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
     is read. Missing sections are empty dicts; model settings saved under a renamed key are moved to today's
     (:func:`lit_entropy.settings.carry_over_renamed_keys`).
     """
-    import torch
-
     path = Path(ckpt_path)
     if not path.exists():
         raise SettingsError(f"--ckpt_path={str(ckpt_path)!r} does not exist")
@@ -224,9 +217,6 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
         raise SettingsError(
             f"--ckpt_path={str(ckpt_path)!r} cannot be read as a checkpoint ({type(err).__name__}: {err})"
         ) from err
-    from lit_entropy.checkpointing.fingerprint import CHECKPOINT_KEY as FINGERPRINT_KEY
-    from lit_entropy.reporting.steps import checkpoint_log_dir, checkpoint_trained_batches
-    from lit_entropy.settings import carry_over_renamed_keys
 
     return {
         # A checkpoint saved before a setting was renamed resumes with the value under today's key.

@@ -18,6 +18,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from lit_entropy.internals.lightning import (
+    logger_experiment_if_open,
+    logger_version_if_set,
+    next_logger_version,
+    process_rank,
+    set_logger_version,
+)
+from lit_entropy.reporting.steps import trained_batches
+
 __all__ = [
     "checkpoint_run_dir",
     "claim_version_dirs",
@@ -98,15 +109,6 @@ def claim_version_dirs(trainer: Any) -> list[Path]:
     only; the other takes the next number. Loggers with a version set (a resumed run, ``--trainer.logger
     .init_args.version``) and remote directories are left alone. Ranks other than 0 take rank 0's versions.
     """
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    from lit_entropy.internals.lightning import (
-        logger_version_if_set,
-        next_logger_version,
-        process_rank,
-        set_logger_version,
-    )
-
     rank = process_rank()
     inherited = json.loads(os.environ.get(CLAIMED_VERSIONS_ENV) or "{}") if rank != 0 else {}
     claimed: list[Path] = []
@@ -144,8 +146,6 @@ def release_unused_run_dirs(claimed: list[Path], trainer: Any) -> list[Path]:
     events file of the step-0 validation); removing its directory keeps the next run's number where it
     was. Returns the directories removed.
     """
-    from lit_entropy.reporting.steps import trained_batches
-
     fn = getattr(trainer.state, "fn", None) if trainer is not None else None
     if trainer is not None and fn == "fit" and trained_batches(trainer) > 0:
         return []
@@ -165,8 +165,6 @@ def loggers_kept_open(trainer: Any) -> Iterator[None]:
     ``fit`` that follows the step-0 validation would open a second event file, so a reader of one file
     would see the validation curve start at the first in-fit validation. One event stream per run.
     """
-    from lit_entropy.internals.lightning import logger_experiment_if_open
-
     originals = {}
     for logger in trainer.loggers:
         originals[logger] = logger.finalize

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lit_entropy.data.arithmetic import make_arithmetic_examples
+from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS, make_word_problems
+from lit_entropy.extensions import import_object
 
 __all__ = [
     "ARITHMETIC_DATASET",
@@ -53,8 +55,6 @@ def is_function(spec: str) -> bool:
 def resolve_function(setting: str, spec: str) -> Callable[[], Any]:
     """The function ``setting=spec`` names (``pkg.module:function``, imported as a reward function is, from the
     working directory too); a one-line error if it is not one."""
-    from lit_entropy.extensions import import_object
-
     target = import_object(spec, setting)
     if not callable(target):
         raise ValueError(f"{setting}={spec!r} is a {type(target).__name__}, not a function returning rows")
@@ -64,6 +64,7 @@ def resolve_function(setting: str, spec: str) -> Callable[[], Any]:
 def load_function(setting: str, spec: str) -> Any:
     """The rows that the function ``spec`` returns when called without arguments (a list of dicts or a
     ``datasets.Dataset``), as a ``datasets.Dataset``."""
+    # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
 
     function = resolve_function(setting, spec)
@@ -111,9 +112,8 @@ def load_word_problems(task: str, split: str, count: int, count_setting: str, se
     """``count`` problems of the embedded word-problem ``task`` (``"word_problems"``: 1-3 operations,
     ``"word_problems_1op"``: one) from ``split`` as a ``datasets.Dataset`` with ``prompt`` / ``answer`` /
     ``operations`` columns (see :mod:`lit_entropy.data.word_problems`)."""
+    # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
-
-    from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS, make_word_problems
 
     try:
         rows = make_word_problems(split, count, seed=seed, operations=WORD_PROBLEM_TASKS[task])
@@ -124,8 +124,6 @@ def load_word_problems(task: str, split: str, count: int, count_setting: str, se
 
 def is_embedded(spec: str | None) -> bool:
     """Whether ``spec`` names an embedded generated task (no file, no download)."""
-    from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS
-
     return spec == ARITHMETIC_DATASET or spec in WORD_PROBLEM_TASKS
 
 

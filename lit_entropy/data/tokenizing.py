@@ -95,6 +95,7 @@ def check_unknown_tokens(
     if tokenizer_name_or_path is None:  # the embedded character tokenizer
         fix = f"the embedded character tokenizer knows only {ARITHMETIC_ALPHABET!r}"
     else:
+        # deferred: lit_entropy.models imports torch (~1 s); lit_entropy.data imports without it
         from lit_entropy.models.paths import MODEL_PATH_SETTING
 
         fix = (

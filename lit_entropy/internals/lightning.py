@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 __all__ = [
@@ -210,13 +212,9 @@ def logger_experiment_if_open(logger: Any) -> Any | None:
 def process_rank() -> int:
     """This process's global rank from the launcher's environment (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``,
     ...), before any process group exists; 0 when none is set."""
-    from lightning.fabric.utilities.rank_zero import _get_rank
-
     return _get_rank() or 0
 
 
 def run_cli_subcommand(cli: Any, subcommand: str) -> None:
     """LightningCLI's own run of ``subcommand`` (``before_<sub>``, the trainer method, ``after_<sub>``)."""
-    from lightning.pytorch.cli import LightningCLI
-
     LightningCLI._run_subcommand(cli, subcommand)

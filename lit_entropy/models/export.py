@@ -206,6 +206,7 @@ def exports_at_train_end(logging: Any, trainer: Any) -> bool:
     """Whether a run with ``model.logging.export_on_train_end`` can export: it has ``model.logging.export_dir`` or a
     logger (whose directory holds ``hf_model``); without either it warns, as the default would be the working
     directory."""
+    # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
     if logging.export_dir is not None or trainer.loggers:

@@ -11,13 +11,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lit_entropy.models.lora import is_frozen_base_key
+
 __all__ = ["drop_frozen_weights", "is_frozen_weight", "restore_frozen_weights"]
 
 
 def is_frozen_weight(key: str, lora: bool) -> bool:
     """Whether ``key`` (a module state-dict key) is frozen: the reference model's, or a LoRA policy's base."""
-    from lit_entropy.models.lora import is_frozen_base_key
-
     if key.startswith("ref_model."):
         return True
     return lora and key.startswith("policy.") and is_frozen_base_key(key)

@@ -26,6 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from lit_entropy.assets import default_model_path
+
 __all__ = [
     "PACKAGED_MODELS",
     "PackagedModel",
@@ -129,6 +133,7 @@ def packaged_model_dir(name: str, setting: str = "model.policy.model_name_or_pat
                 file=sys.stderr,
                 flush=True,
             )
+            # deferred: lit_entropy.checkpointing imports Lightning (seconds); lit_entropy.models imports without it
             from lit_entropy.checkpointing.atomic_io import atomic_directory_replace
 
             atomic_directory_replace(lambda tmp: convert_packaged_model(gguf_path, tmp), target)
@@ -146,8 +151,6 @@ def resolve_model_path(name_or_path: str | None, setting: str = "model.policy.mo
 def policy_model_path(name_or_path: str | None, *, convert: bool = True) -> str:
     """The directory (or hub id) the policy loads from: a packaged name's converted directory (with ``convert``;
     without it the name itself, resolved later), the path given, or for None the embedded default model."""
-    from lit_entropy.assets import default_model_path
-
     return (resolve_model_path(name_or_path) if convert else name_or_path) or default_model_path()
 
 
@@ -159,7 +162,7 @@ def convert_packaged_model(gguf_path: str | os.PathLike, out_dir: str | os.PathL
     carries a GGUF ``quantization_config`` that ``save_pretrained`` refuses, so the weights go into a fresh model of
     the same architecture built from the config without it.
     """
-    import torch
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
@@ -230,6 +233,7 @@ def _conversion_lock(target: Path) -> Iterator[None]:
     """One converter at a time per target (DDP ranks, parallel runs); a no-op where ``fcntl`` is missing."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
+        # POSIX only: where fcntl is missing the lock is skipped
         import fcntl
     except ImportError:  # Windows: the atomic rename still keeps readers from a half-written directory
         yield
@@ -246,6 +250,7 @@ def _conversion_lock(target: Path) -> Iterator[None]:
 def _quiet_progress() -> Iterator[None]:
     """Hide the per-tensor progress bars of the GGUF reader and ``save_pretrained`` (plain tqdm, which honours
     ``TQDM_DISABLE``): the one-line message says what happens."""
+    # deferred: transformers takes ~2 s to import, and lit_entropy.models imports with torch alone
     from transformers.utils import logging as hf_logging
 
     enabled, previous = hf_logging.is_progress_bar_enabled(), os.environ.get("TQDM_DISABLE")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lit_entropy import protocol
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
 from lit_entropy.functional.overlong import truncated_rows
 from lit_entropy.functional.registry import policy_loss_attribute
@@ -142,8 +143,6 @@ class DashboardRun:
 def module_tag_plan(module: Any, trainer: Any, updates_per_batch: int) -> TagPlan:
     """The :class:`TagPlan` of an :class:`~lit_entropy.module.RFTModule`'s run: its settings and engine, the
     trainer's token callbacks, ``updates_per_batch`` optimizer steps per rollout batch."""
-    from lit_entropy import protocol
-
     settings = module.settings
     return TagPlan.decide(
         updates_per_batch=updates_per_batch, optim=settings.optim, loss=settings.loss,

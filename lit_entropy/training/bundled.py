@@ -11,19 +11,19 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
+from lit_entropy.checkpointing.callback import ResumableCheckpointing
+from lit_entropy.reporting.console import ConsoleMetrics
+from lit_entropy.reporting.hparams import HParamsSummary
+from lit_entropy.reporting.overview import OverviewLayout
+from lit_entropy.reporting.steps import StepAxis
+from lit_entropy.training.health import PolicyHealth
+
 __all__ = ["bundled_callbacks", "missing_callbacks"]
 
 
 def bundled_callbacks() -> list[Callback]:
     """New instances of the bundled callbacks (checkpointing, HPARAMS, overview layout, console, step axis,
     policy health)."""
-    from lit_entropy.checkpointing.callback import ResumableCheckpointing
-    from lit_entropy.reporting.console import ConsoleMetrics
-    from lit_entropy.reporting.hparams import HParamsSummary
-    from lit_entropy.reporting.overview import OverviewLayout
-    from lit_entropy.reporting.steps import StepAxis
-    from lit_entropy.training.health import PolicyHealth
-
     return [ResumableCheckpointing(), HParamsSummary(), OverviewLayout(), ConsoleMetrics(), StepAxis(), PolicyHealth()]
 
 

@@ -15,6 +15,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_entropy.reporting.steps import trained_batches
+
 __all__ = [
     "EXPLODED_RATIO",
     "UNIFORM_FRACTION",
@@ -60,8 +62,6 @@ def _norm(module: torch.nn.Module, trainer: Trainer) -> float:
 
 def _step(trainer: Trainer) -> int:
     """The step of the batch that just ended, as the step lines and TensorBoard number it."""
-    from lit_entropy.reporting.steps import trained_batches
-
     return trained_batches(trainer) - 1
 
 

@@ -15,10 +15,15 @@ from lightning.pytorch import Callback, LightningModule
 from torch import nn
 
 from lit_entropy.data.source import PromptSource
+from lit_entropy.distributed.fsdp2 import module_param_dtype, shard_models
 from lit_entropy.internals.lightning import attached_trainer
+from lit_entropy.models.export import export_module, exports_at_train_end
+from lit_entropy.models.loading import check_context_length, eos_token_ids, load_rft_models, load_tokenizer
+from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.rollout.base import RolloutEngine
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.packing import check_packing_attention
+from lit_entropy.training.bundled import bundled_callbacks, missing_callbacks
 
 __all__ = ["ModelLifecycle"]
 
@@ -49,15 +54,12 @@ class ModelLifecycle(LightningModule):
         """Load the policy (and the frozen reference / critic when configured); idempotent."""
         if self.policy is not None:
             return
-        from lit_entropy.models.loading import load_rft_models
 
         for name, model in vars(load_rft_models(self.settings, self.model_name_or_path)).items():
             setattr(self, name, model)  # policy, ref_model, critic, value_head
         if self.settings.update.pack_sequences:
             check_packing_attention(self.policy, self.ref_model, self.critic)
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 (lit_entropy.distributed.fsdp2)
-            from lit_entropy.distributed.fsdp2 import module_param_dtype, shard_models
-
             dtype = module_param_dtype(self.settings.policy.fsdp_param_dtype, attached_trainer(self))
             shard_models(self, self.device_mesh, dtype)
             # FSDP2 loads model states strictly; the frozen reference and a LoRA policy's base are not in checkpoints.
@@ -66,9 +68,6 @@ class ModelLifecycle(LightningModule):
     def setup(self, stage: str) -> None:
         """Load the tokenizer, check that the longest prompt plus the longest completion fit the model's context, and
         attach the rollout engine (model, EOS and pad ids, seed)."""
-        from lit_entropy.models.loading import check_context_length, eos_token_ids, load_tokenizer
-        from lit_entropy.models.packaged import policy_model_path
-
         self.model_name_or_path = policy_model_path(self.model_name_or_path)  # a packaged name: converted once
         self.tokenizer = self.tokenizer or load_tokenizer(self.model_name_or_path)
         data = getattr(attached_trainer(self), "datamodule", None)
@@ -95,21 +94,15 @@ class ModelLifecycle(LightningModule):
         The same instances on every call (the validation before training and ``fit`` share their state), and
         only those whose type the trainer lacks: a callback of that type passed to the Trainer wins.
         """
-        from lit_entropy.training.bundled import bundled_callbacks, missing_callbacks
-
         self._own_callbacks = self._own_callbacks or bundled_callbacks()
         return missing_callbacks(attached_trainer(self), self._own_callbacks)
 
     def on_train_end(self) -> None:
-        from lit_entropy.models.export import exports_at_train_end
-
         if self.settings.logging.export_on_train_end and exports_at_train_end(self.settings.logging, self.trainer):
             self.export_pretrained()
 
     def export_pretrained(self, path: str | None = None) -> str:
         """Write the policy and its tokenizer as a ``save_pretrained`` directory, atomically; returns it (default:
         ``model.logging.export_dir``, else ``<log_dir>/hf_model``; under FSDP2 every rank calls it, rank 0 writes)."""
-        from lit_entropy.models.export import export_module
-
         self.export_path = export_module(self, path or self.settings.logging.export_dir)
         return self.export_path

@@ -220,11 +220,13 @@ def command_options() -> dict[str, set[str]]:
 
 
 def _script_source(module: str) -> str:
-    """The source ``python -m <module>`` runs (a module file, or a package's ``__main__.py``); "" if none."""
+    """The source ``python -m <module>`` runs: a module file, or a package's ``__main__.py`` with the package's
+    other modules (a study's ``__main__`` only calls the ``main`` of its ``run.py``); "" if none."""
     path = ROOT.joinpath(*module.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__main__.py"):
-        if candidate.is_file():
-            return candidate.read_text()
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py").read_text()
+    if (path / "__main__.py").is_file():
+        return "\n".join(file.read_text() for file in sorted(path.glob("*.py")))
     return ""
 
 

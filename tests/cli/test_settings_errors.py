@@ -92,7 +92,8 @@ CASES = [
      "(model.advantages.estimator='grpo' compares the samples of each prompt)", []),
     ("dual clip ignored", ["--model.loss.policy_loss=gspo", "--model.loss.clip_ratio_c=5"], None,
      "model.loss.clip_ratio_c=5.0 would be ignored: model.loss.policy_loss='gspo' has no dual clip (losses that "
-     "apply it: ('ppo',)); leave model.loss.clip_ratio_c null or at its default 3.0, or pick one of those losses", []),
+     "apply it: ('ppo', 'dppo_tv', 'dppo_kl', 'ce_gppo')); leave model.loss.clip_ratio_c null or at its default 3.0, "
+     "or pick one of those losses", []),
     ("max_gen_batches", ["--model.sampling.max_gen_batches=0"], None,
      "model.sampling.max_gen_batches must be an integer >= 1, got 0", []),
     ("filter a group of one", ["--model.sampling.filter_groups=true", "--model.sampling.num_samples=1"], None,

@@ -123,7 +123,10 @@ def claim_version_dirs(trainer: Any) -> list[Path]:
             if key in inherited:
                 set_logger_version(logger, inherited[key])
             continue
-        Path(root).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(root).mkdir(parents=True, exist_ok=True)
+        except OSError:  # a file in the way, no permission: check_output_paths names the setting and the path
+            continue
         version = next_logger_version(logger)
         while True:
             try:

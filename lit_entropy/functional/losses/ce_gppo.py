@@ -21,7 +21,6 @@ from lit_entropy.functional.losses.ratio import (
     clip_indicator_stats,
     prepare_ratio_inputs,
 )
-from lit_entropy.functional.masked import masked_mean
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = ["ce_gppo_policy_loss"]
@@ -78,8 +77,7 @@ def ce_gppo_policy_loss(
     loss = aggregate_loss(
         per_token, mask, loss_agg_mode, **aggregation_options(normalizer, loss_scale_factor, token_weights)
     )
-    stats = clip_indicator_stats(low, high, ratio, log_ratio, mask)
-    return loss, stats._replace(dual_clip_frac=masked_mean(dual.detach().to(ratio.dtype), mask))
+    return loss, clip_indicator_stats(low, high, ratio, log_ratio, mask, dual.detach())
 
 
 def _ce_gppo_terms(

@@ -21,7 +21,6 @@ from lit_entropy.functional.losses.ratio import (
     clip_indicator_stats,
     prepare_ratio_inputs,
 )
-from lit_entropy.functional.masked import masked_mean
 from lit_entropy.functional.registry import register_policy_loss
 
 __all__ = ["binary_kl", "dppo_kl_policy_loss", "dppo_tv_policy_loss"]
@@ -72,9 +71,8 @@ def _dppo_loss(
     loss = aggregate_loss(
         per_token, mask, loss_agg_mode, **aggregation_options(normalizer, loss_scale_factor, token_weights)
     )
-    stats = clip_indicator_stats(~valid & (adv <= 0), ~valid & (adv > 0), ratio, log_ratio, mask)
     truncated = (ratio > clip_ratio_c) & valid if clip_ratio_c is not None else torch.zeros_like(mask)
-    return loss, stats._replace(dual_clip_frac=masked_mean(truncated.to(ratio.dtype), mask))
+    return loss, clip_indicator_stats(~valid & (adv <= 0), ~valid & (adv > 0), ratio, log_ratio, mask, truncated)
 
 
 @register_policy_loss("dppo_tv", first_order_entropy=True, dual_clip=True)

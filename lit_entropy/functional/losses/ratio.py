@@ -152,16 +152,19 @@ def prepare_ratio_inputs(
 
 @torch.no_grad()
 def clip_indicator_stats(
-    low: Tensor, high: Tensor, ratio: Tensor, token_log_ratio: Tensor, mask: Tensor
+    low: Tensor, high: Tensor, ratio: Tensor, token_log_ratio: Tensor, mask: Tensor, dual: Tensor | None = None
 ) -> PolicyLossStats:
-    """Token-weighted fractions over ``mask`` of the ``[N, T]`` clip indicators, mean ``ratio`` and ``k3`` KL."""
+    """Token-weighted fractions over ``mask`` of the ``[N, T]`` clip indicators (``dual``: the dual-clip or
+    truncation indicator, None for a loss without one), mean ``ratio`` and ``k3`` KL."""
     dtype = ratio.dtype
     log_r = token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return PolicyLossStats(
         clip_frac_low=masked_mean(low.to(dtype), mask),
         clip_frac_high=masked_mean(high.to(dtype), mask),
         clip_frac=masked_mean((low | high).to(dtype), mask),
-        dual_clip_frac=torch.zeros((), dtype=dtype, device=ratio.device),
+        dual_clip_frac=(
+            torch.zeros((), dtype=dtype, device=ratio.device) if dual is None else masked_mean(dual.to(dtype), mask)
+        ),
         approx_kl=masked_mean(torch.exp(log_r) - 1.0 - log_r, mask),
         ratio_mean=masked_mean(ratio.detach().expand(mask.shape), mask),
     )

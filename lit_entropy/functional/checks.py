@@ -99,4 +99,5 @@ def check_flag(name: str, value: Any) -> bool:
 
 def check_seed(name: str, value: Any) -> int:
     """Return ``value`` if it is an integer seed in ``[0, MAX_SEED]``, else raise naming ``name``."""
-    return check_number(name, value, low=0, high=MAX_SEED, integer=True)
+    seed: int = check_number(name, value, low=0, high=MAX_SEED, integer=True)
+    return seed

@@ -26,20 +26,30 @@ Signatures (``N`` sequences, ``T`` response tokens, masks bool ``[N, T]``):
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+# The registry mechanism is re-exported here, where the built-in registries' users have always found it.
+from lit_entropy.functional.function_registry import (
+    IMPORT_PATH_FORM,
+    ExpectedCall,
+    Registry,
+    UnknownNameError,
+    import_path_object,
+    is_import_path,
+)
 from lit_entropy.functional.masked import as_bool_mask
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "IMPORT_PATH_FORM",
+    "PolicyLoss",
     "DEFAULT_CLIP_RATIO_C",
     "ExpectedCall",
     "POLICY_LOSSES",
@@ -61,215 +71,6 @@ __all__ = [
     "register_advantage_estimator",
     "register_policy_loss",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class UnknownNameError(KeyError, ValueError):
-    """A name no function is registered under. A ``KeyError`` (lookup) and a ``ValueError`` (a bad setting)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-#: How the settings' messages name the second way to give a function.
-IMPORT_PATH_FORM = "an import path 'pkg.module:function'"
-
-
-def is_import_path(value: object) -> bool:
-    """Whether ``value`` reads ``pkg.module:function`` (dotted identifiers, one colon), as a setting may name a
-    function of a user's module instead of a registered name."""
-    if not isinstance(value, str) or value.count(":") != 1:
-        return False
-    module, function = value.split(":")
-    return all(part.isidentifier() for part in (*module.split("."), *function.split(".")))
-
-
-def import_path_object(spec: str, setting: str) -> Any:
-    """The object ``pkg.module:function`` names (:func:`importlib.import_module`, then the attributes).
-
-    The settings pass their own importer to :meth:`Registry.check` (it also looks in the working directory, as
-    ``python -m`` does); this plain one serves a lookup in a process that did not build the settings.
-
-    Raises:
-        ValueError: ``<setting>: cannot be imported (...), got <spec>``.
-    """
-    module_name, _, attr_path = spec.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            target = getattr(target, attr)
-    except Exception as err:  # ImportError, AttributeError, or whatever the module raises while it runs
-        raise ValueError(f"{setting}: cannot be imported ({type(err).__name__}: {err}), got {spec!r}") from err
-    return target
-
-
-@dataclass(frozen=True)
-class ExpectedCall:
-    """How the training step calls every function of a registry: ``positional`` arguments, then ``keywords`` (plus
-    ``keywords_when[attribute]`` for a function registered with that attribute true).
-
-    A function fits when it accepts that call (:meth:`inspect.Signature.bind`): it may take ``**extra`` instead of the
-    keywords it does not read.
-    """
-
-    positional: tuple[str, ...]
-    keywords: tuple[str, ...]
-    keywords_when: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def keywords_for(self, attributes: dict[str, Any]) -> tuple[str, ...]:
-        """The keywords a function registered with ``attributes`` receives."""
-        extra = (key for attribute, keys in self.keywords_when.items() if attributes.get(attribute) for key in keys)
-        return (*self.keywords, *extra)
-
-    def describe(self, attributes: dict[str, Any] | None = None) -> str:
-        """The call as a signature: ``(a, b, *, c, d, **extra)``."""
-        return f"({', '.join(self.positional)}, *, {', '.join(self.keywords_for(attributes or {}))}, **extra)"
-
-
-class Registry(Generic[F]):
-    """Functions by name, in registration order.
-
-    A function can also be named by its import path ``pkg.module:function`` without being registered: :meth:`check`
-    imports it (once), checks it against the registry's :class:`ExpectedCall` and keeps it under the path, which
-    then works wherever a name does; :meth:`names` lists the registered names only.
-
-    Args:
-        kind: what the functions are, for messages (``"policy loss"``).
-        call: how the training step calls the functions; None = not checked.
-    """
-
-    def __init__(self, kind: str, call: ExpectedCall | None = None) -> None:
-        self.kind = kind
-        self.call = call
-        self._functions: dict[str, F] = {}
-        self._attributes: dict[str, dict[str, Any]] = {}
-        self._imported: dict[str, F] = {}  # import path -> function, filled by check()
-
-    def register(self, name: str, **attributes: Any) -> Callable[[F], F]:
-        """Decorator registering a function under ``name`` (with optional ``attributes``); returns it unchanged.
-
-        Raises:
-            ValueError: ``name`` is not a non-empty string, or is already registered.
-        """
-        if not isinstance(name, str) or not name or name != name.strip():
-            raise ValueError(f"a {self.kind} name must be a non-empty string without surrounding spaces, got {name!r}")
-        if name in self._functions:
-            taken = self._functions[name]
-            raise ValueError(
-                f"a {self.kind} named {name!r} is already registered ({taken.__module__}.{taken.__qualname__}); "
-                "pick another name"
-            )
-
-        def decorator(function: F) -> F:
-            if not callable(function):
-                raise TypeError(f"only a callable can be registered as a {self.kind}, got {function!r}")
-            if name in self._functions:  # registered between the call and the decoration
-                raise ValueError(f"a {self.kind} named {name!r} is already registered")
-            self._functions[name] = function
-            self._attributes[name] = dict(attributes)
-            return function
-
-        return decorator
-
-    def unregister(self, name: str) -> F:
-        """Remove ``name`` (or a checked import path) and return its function (tests and notebooks that re-register or
-        edit the module: the path is imported again by the next :meth:`check`)."""
-        if name in self._imported:
-            return self._imported.pop(name)
-        function = self[name]
-        del self._functions[name]
-        del self._attributes[name]
-        return function
-
-    def names(self) -> tuple[str, ...]:
-        """The registered names, in registration order."""
-        return tuple(self._functions)
-
-    def attributes(self, name: str) -> dict[str, Any]:
-        """The attributes ``name`` was registered with (a copy); an import path has those of the name its function is
-        also registered under, else none."""
-        return self._attributes_of(name, self[name])
-
-    def _attributes_of(self, name: str, function: Any) -> dict[str, Any]:
-        if name not in self._functions:  # an import path: the attributes of a name the same function has, if any
-            name = next((known for known, f in self._functions.items() if f is function), name)
-        return dict(self._attributes.get(name, {}))
-
-    def check(self, setting: str, value: Any, *, importer: Callable[[str, str], Any] | None = None) -> str:
-        """Return ``value`` if it names a function of this registry, else raise naming ``setting`` and the value.
-
-        A registered name is checked against :attr:`call`; an import path ``pkg.module:function`` is imported the first
-        time (by ``importer(value, setting)``, default :func:`import_path_object`) and checked too.
-
-        Raises:
-            UnknownNameError: ``value`` is neither a registered name nor an import path (the message lists the names).
-            ValueError: the function cannot be imported, or cannot be called as the training step calls it.
-        """
-        if isinstance(value, str) and value in self._functions:
-            self.check_call(setting, value)
-        elif is_import_path(value) and value not in self._imported:
-            function = (importer or import_path_object)(value, setting)
-            self._check_signature(setting, value, function)
-            self._imported[value] = function
-        elif not is_import_path(value):
-            raise UnknownNameError(
-                f"{setting} must be a registered {self.kind}, one of {self.names()}, or {IMPORT_PATH_FORM}, "
-                f"got {value!r}{self._hint}"
-            )
-        return value
-
-    def check_call(self, setting: str, name: str) -> None:
-        """Refuse the function ``name`` (a registered name or a checked import path) if the training step cannot call
-        it as :attr:`call` describes, with one line naming ``setting`` and ``name``."""
-        self._check_signature(setting, name, self[name])
-
-    def _check_signature(self, setting: str, value: str, function: Any) -> None:
-        if not callable(function):
-            raise ValueError(f"{setting}={value!r} must name a function, got {type(function).__name__} {function!r}")
-        if self.call is None:
-            return
-        try:
-            signature = inspect.signature(function)
-        except (TypeError, ValueError):  # a callable without a readable signature (a builtin): cannot be checked
-            return
-        attributes = self._attributes_of(value, function)
-        try:
-            signature.bind(*self.call.positional, **dict.fromkeys(self.call.keywords_for(attributes)))
-        except TypeError as err:
-            raise ValueError(
-                f"{setting}={value!r} cannot take the {self.kind} call {self.call.describe(attributes)}: {err}"
-            ) from None
-
-    @property
-    def _hint(self) -> str:
-        return f" (add one with @lit_entropy.functional.register_{self.kind.replace(' ', '_')}(name))"
-
-    def __getitem__(self, name: str) -> F:
-        if name in self._functions:
-            return self._functions[name]
-        if name in self._imported:
-            return self._imported[name]
-        if is_import_path(name):  # settings checked in another process (a spawned worker): import it here too
-            self.check(self.kind, name)
-            return self._imported[name]
-        raise UnknownNameError(
-            f"no {self.kind} is registered as {name!r}; registered: {self.names()}, or give {IMPORT_PATH_FORM}"
-            f"{self._hint}"
-        )
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._functions or name in self._imported
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._functions)
-
-    def __len__(self) -> int:
-        return len(self._functions)
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, names={self.names()})"
-
 
 POLICY_LOSS_CALL = ExpectedCall(
     positional=("logprobs", "old_logprobs", "advantages", "mask"),
@@ -294,12 +95,20 @@ ADVANTAGE_ESTIMATOR_CALL = ExpectedCall(
 """How ``step.experience.token_advantages`` calls an advantage estimator (``model.ppo``'s options too for one that
 needs a critic's values: it runs under PPO only)."""
 
-POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Any]]] = Registry("policy loss", POLICY_LOSS_CALL)
+PolicyLoss = Callable[..., tuple[Tensor, Any]]
+"""A policy loss: ``(logprobs, old_logprobs, advantages, mask, **options) -> (loss, stats)``."""
+
+AdvantageEstimator = Callable[..., tuple[Tensor, Tensor | None]]
+"""An advantage estimator: ``(token_rewards, mask, **options) -> (advantages, returns | None)``."""
+
+# What a registering decorator returns: the decorated function itself, with its own signature.
+_Loss = TypeVar("_Loss", bound=PolicyLoss)
+_Estimator = TypeVar("_Estimator", bound=AdvantageEstimator)
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", POLICY_LOSS_CALL)
 """Policy losses by name (``model.loss.policy_loss``); see the module docstring for the signature."""
 
-ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Tensor | None]]] = Registry(
-    "advantage estimator", ADVANTAGE_ESTIMATOR_CALL
-)
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", ADVANTAGE_ESTIMATOR_CALL)
 """Advantage estimators by name (``model.advantages.estimator``); see the module docstring for the signature."""
 
 
@@ -310,7 +119,7 @@ def register_policy_loss(
     sequence_advantages: bool = False,
     loss_agg_mode: str = "token-mean",
     dual_clip: bool = False,
-) -> Callable[[F], F]:
+) -> Callable[[_Loss], _Loss]:
     """Decorator: register a policy loss under ``name`` in :data:`POLICY_LOSSES`.
 
     Args:
@@ -331,13 +140,19 @@ def register_policy_loss(
             raise TypeError(f"{key} must be a bool, got {value!r}")
     if not isinstance(loss_agg_mode, str):
         raise TypeError(f"loss_agg_mode must be a str, got {loss_agg_mode!r}")
-    return POLICY_LOSSES.register(
+    register = POLICY_LOSSES.register(
         name,
         first_order_entropy=first_order_entropy,
         sequence_advantages=sequence_advantages,
         loss_agg_mode=loss_agg_mode,
         dual_clip=dual_clip,
     )
+
+    def decorator(function: _Loss) -> _Loss:
+        register(function)
+        return function
+
+    return decorator
 
 
 def default_loss_agg_mode(name: str) -> str:
@@ -379,7 +194,9 @@ _STANDARD_LOSS_ARGUMENTS = frozenset(
 )  # fmt: skip
 
 
-def check_policy_loss_options(loss: str, options: Any, *, name: str = "model.loss.policy_loss_options") -> dict:
+def check_policy_loss_options(
+    loss: str, options: Any, *, name: str = "model.loss.policy_loss_options"
+) -> dict[str, float]:
     """Return ``options`` as a dict if each key is a keyword option of the registered loss ``loss`` with a finite
     number, else raise naming the setting, the key and the options the loss has (a typo would be silently ignored
     by a loss's ``**extra``)."""
@@ -440,7 +257,9 @@ def policy_loss_takes_token_weights(name: str) -> bool:
     return "token_weights" in inspect.signature(POLICY_LOSSES[name]).parameters
 
 
-def register_advantage_estimator(name: str, *, needs_values: bool = False, min_group_size: int = 1) -> Callable[[F], F]:
+def register_advantage_estimator(
+    name: str, *, needs_values: bool = False, min_group_size: int = 1
+) -> Callable[[_Estimator], _Estimator]:
     """Decorator: register an advantage estimator under ``name`` in :data:`ADVANTAGE_ESTIMATORS`.
 
     Args:
@@ -454,7 +273,13 @@ def register_advantage_estimator(name: str, *, needs_values: bool = False, min_g
         raise TypeError(f"needs_values must be a bool, got {needs_values!r}")
     if not isinstance(min_group_size, int) or isinstance(min_group_size, bool) or min_group_size < 1:
         raise ValueError(f"min_group_size must be an integer >= 1, got {min_group_size!r}")
-    return ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values, min_group_size=min_group_size)
+    register = ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values, min_group_size=min_group_size)
+
+    def decorator(function: _Estimator) -> _Estimator:
+        register(function)
+        return function
+
+    return decorator
 
 
 def estimator_needs_values(name: str) -> bool:

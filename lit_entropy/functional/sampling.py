@@ -51,12 +51,13 @@ class CategoricalSampler:
         rows, vocab = scores.shape
         blocks = -(-vocab // self.block)
         shape = (rows, blocks * self.block)
-        if self._exp is None or self._exp.shape != shape or self._exp.device != scores.device:
+        exp, sums, cum = self._exp, self._sums, self._cum
+        if exp is None or sums is None or cum is None or exp.shape != shape or exp.device != scores.device:
             # The padding columns past V stay 0 forever: zero mass, never drawn.
-            self._exp = torch.zeros(shape, dtype=torch.float32, device=scores.device)
-            self._sums = torch.empty(rows, blocks, dtype=torch.float32, device=scores.device)
-            self._cum = torch.empty(rows, blocks, dtype=torch.float64, device=scores.device)
-        return self._exp, self._sums, self._cum
+            exp = self._exp = torch.zeros(shape, dtype=torch.float32, device=scores.device)
+            sums = self._sums = torch.empty(rows, blocks, dtype=torch.float32, device=scores.device)
+            cum = self._cum = torch.empty(rows, blocks, dtype=torch.float64, device=scores.device)
+        return exp, sums, cum
 
     def __call__(self, scores: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Token ids ``[rows]`` (int64) sampled from ``softmax(scores)``; ``-inf`` scores are never drawn.

@@ -162,11 +162,12 @@ def row_coefficients(
 
     ``a = -g_H / T``, ``c = g_lp / T``, ``b = a H - c`` (``a`` / ``c`` None when that output has no gradient).
     """
-    a = b = c = None
-    if grad_h is not None:
-        a = grad_h.reshape(-1).to(cdt) * -inv_t
-        b = a * entropy
-    if grad_logp is not None:
-        c = grad_logp.reshape(-1).to(cdt) * inv_t
-        b = -c if b is None else b - c
+    a = None if grad_h is None else grad_h.reshape(-1).to(cdt) * -inv_t
+    c = None if grad_logp is None else grad_logp.reshape(-1).to(cdt) * inv_t
+    if a is not None:
+        b = a * entropy if c is None else a * entropy - c
+    elif c is not None:
+        b = -c
+    else:
+        raise ValueError("row_coefficients needs the gradient of the log-probabilities, of the entropy or both")
     return a, b, c

@@ -28,6 +28,8 @@ scalars, the ``[N, H]`` hidden-state gradient and the weight gradient ``[V, H]``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -58,14 +60,16 @@ DEFAULT_BLOCK: dict[str, tuple[int, int]] = {"cpu": (256, 1024), "default": (102
 class _Buffers:
     """Reusable per-block buffers (fresh per-block temporaries fragment the CPU heap)."""
 
-    def __init__(self, rows: int, cols: int, mm_dtype: torch.dtype, cdt: torch.dtype, device, *, forward: bool):
-        kw = {"device": device}
-        self.x = torch.empty(rows, cols, dtype=cdt, **kw)
-        self.e = torch.empty(rows, cols, dtype=cdt, **kw)
-        self.t = torch.empty(rows, cols, dtype=cdt, **kw) if forward else None
+    def __init__(
+        self, rows: int, cols: int, mm_dtype: torch.dtype, cdt: torch.dtype, device: torch.device, *, forward: bool
+    ) -> None:
+        self.x = torch.empty(rows, cols, dtype=cdt, device=device)
+        self.e = torch.empty(rows, cols, dtype=cdt, device=device)
+        # The forward pass's third block and per-row scalars of one block (the backward needs neither).
+        self.t = torch.empty(rows, cols, dtype=cdt, device=device) if forward else None
+        self.vec = torch.empty(8, rows, dtype=cdt, device=device) if forward else None
         # Matmul output / input in the input dtype when it is narrower than the compute dtype.
-        self.mm = None if mm_dtype == cdt else torch.empty(rows, cols, dtype=mm_dtype, **kw)
-        self.vec = torch.empty(8, rows, dtype=cdt, **kw) if forward else None  # per-row scalars of one block
+        self.mm = None if mm_dtype == cdt else torch.empty(rows, cols, dtype=mm_dtype, device=device)
 
 
 def _forward_kernel(
@@ -94,6 +98,8 @@ def _forward_kernel(
         return empty, empty.clone(), empty.clone(), empty.clone() if want_average else None, empty.clone()
     rows, cols = min(rows, n), min(cols, vocab)
     buf = _Buffers(rows, cols, h.dtype, cdt, dev, forward=True)
+    t_buf, vec_buf = buf.t, buf.vec
+    assert t_buf is not None and vec_buf is not None  # allocated by forward=True
     for v0 in range(0, vocab, cols):
         v1 = min(v0 + cols, vocab)
         wc = weight[v0:v1]
@@ -103,8 +109,8 @@ def _forward_kernel(
             r, c = r1 - r0, v1 - v0
             x, e = buf.x[:r, :c], buf.e[:r, :c]
             scaled_block_logits(h[r0:r1], wc, bc, inv_t, x, None if buf.mm is None else buf.mm[:r, :c])
-            vec = buf.vec[:, :r]
-            block_statistics(x, e, buf.t[:r, :c], vec, floor, want_average)
+            vec = vec_buf[:, :r]
+            block_statistics(x, e, t_buf[:r, :c], vec, floor, want_average)
             sl = slice(r0, r1)
             if v0 == 0:
                 state[:, sl] = vec[: state.shape[0]]
@@ -135,9 +141,13 @@ def _backward_kernel(
     a, b, c = row_coefficients(entropy, grad_logp, grad_h, inv_t, cdt)
     gh = torch.zeros(n, hidden_size, dtype=cdt, device=dev) if need_h else None
     gw = torch.empty_like(weight) if need_w else None
-    gb = torch.empty_like(bias) if need_b else None
+    gb = torch.empty_like(bias) if need_b and bias is not None else None
     if n == 0:
-        return gh.to(h.dtype) if need_h else None, gw.zero_() if need_w else None, gb.zero_() if need_b else None
+        return (
+            None if gh is None else gh.to(h.dtype),
+            None if gw is None else gw.zero_(),
+            None if gb is None else gb.zero_(),
+        )
     rows, cols = min(rows, n), min(cols, vocab)
     buf = _Buffers(rows, cols, h.dtype, cdt, dev, forward=False)
     acc = _ChunkAccumulators(cols, rows, hidden_size, h.dtype, cdt, dev, need_h, need_w, need_b, buf.mm is not None)
@@ -152,14 +162,14 @@ def _backward_kernel(
             hb = h[r0:r1]
             g = _block_dlogits(hb, wc, bc, neg_shift[r0:r1], buf, inv_t, a, b, r0, r1)
             g_exact = buf.x[: r1 - r0, : v1 - v0]
-            acc.add_block(g, g_exact, hb, wc, gh[r0:r1] if need_h else None, gwc, gbc)
+            acc.add_block(g, g_exact, hb, wc, None if gh is None else gh[r0:r1], gwc, gbc)
         if tokens is not None:
             tokens.add_chunk(k, v0, gwc, gbc)
-        if need_w:
+        if gw is not None and gwc is not None:
             gw[v0:v1].copy_(gwc)
-        if need_b:
+        if gb is not None and gbc is not None:
             gb[v0:v1].copy_(gbc)
-    if need_h:
+    if gh is not None:
         if c is not None:
             gh.addcmul_(c.unsqueeze(1), weight[ids].to(cdt))
         gh = gh.to(h.dtype)
@@ -181,8 +191,8 @@ def _block_dlogits(
     """``dL/dz`` of one recomputed logits block without the ``e_k`` term (in the matmul dtype)."""
     r, cw = r1 - r0, wc.shape[0]
     x, e = buf.x[:r, :cw], buf.e[:r, :cw]
-    low = buf.mm is not None
-    logits = block_logits(hb, wc, bc, out=buf.mm[:r, :cw] if low else x)
+    mm = None if buf.mm is None else buf.mm[:r, :cw]
+    logits = block_logits(hb, wc, bc, out=x if mm is None else mm)
     torch.add(neg_shift, logits, alpha=inv_t, out=x)  # x = log p
     x.clamp_(min=X_FLOOR[x.dtype])  # same floor as the forward: p < 4e-18 there, no denormals
     torch.exp(x, out=e)  # e = p
@@ -191,19 +201,30 @@ def _block_dlogits(
         x.mul_(a[r0:r1].unsqueeze(1)).add_(b[r0:r1].unsqueeze(1)).mul_(e)
     else:
         torch.mul(e, b[r0:r1].unsqueeze(1), out=x)
-    return buf.mm[:r, :cw].copy_(x) if low else x
+    return x if mm is None else mm.copy_(x)
 
 
 class _ChunkAccumulators:
     """Preallocated gradient accumulators of one vocabulary chunk (weight / bias) and matmul scratch."""
 
-    def __init__(self, cols, rows, hidden_size, mm_dtype, cdt, dev, need_h, need_w, need_b, low) -> None:
+    def __init__(
+        self,
+        cols: int,
+        rows: int,
+        hidden_size: int,
+        mm_dtype: torch.dtype,
+        cdt: torch.dtype,
+        dev: torch.device,
+        need_h: bool,
+        need_w: bool,
+        need_b: bool,
+        low: bool,
+    ) -> None:
         self.gw = torch.empty(cols, hidden_size, dtype=cdt, device=dev) if need_w else None
         self.gb = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
         self.gb_tmp = torch.empty(cols, dtype=cdt, device=dev) if need_b else None
         self.gh_tmp = torch.empty(rows, hidden_size, dtype=mm_dtype, device=dev) if (need_h and low) else None
         self.gw_tmp = torch.empty(cols, hidden_size, dtype=mm_dtype, device=dev) if (need_w and low) else None
-        self.low = low
 
     def start_chunk(self, width: int) -> tuple[Tensor | None, Tensor | None]:
         gw = None if self.gw is None else self.gw[:width].zero_()
@@ -224,16 +245,16 @@ class _ChunkAccumulators:
         in the compute dtype) to ``gb``."""
         r, cw = g.shape
         if gh is not None:
-            if self.low:
+            if self.gh_tmp is not None:  # low precision: the product in the matmul dtype, then added
                 gh.add_(torch.mm(g, wc, out=self.gh_tmp[:r]))
             else:
                 gh.addmm_(g, wc)
         if gw is not None:
-            if self.low:
+            if self.gw_tmp is not None:
                 gw.add_(torch.mm(g.T, hb, out=self.gw_tmp[:cw]))
             else:
                 gw.addmm_(g.T, hb)
-        if gb is not None:
+        if gb is not None and self.gb_tmp is not None:
             gb.add_(torch.sum(g_exact, dim=0, out=self.gb_tmp[:cw]))
 
 
@@ -253,7 +274,7 @@ class _TokenTerms:
         lo, hi = self.bounds[k], self.bounds[k + 1]
         if hi > lo:
             local = self.sorted_ids[lo:hi] - v0
-            if gw is not None:
+            if gw is not None and self.src is not None:
                 gw.index_add_(0, local, self.src[lo:hi])
             if gb is not None:
                 gb.index_add_(0, local, self.c_sorted[lo:hi])
@@ -264,12 +285,12 @@ def _active_rows(grad_logp: Tensor | None, grad_h: Tensor | None) -> Tensor | No
 
     One host sync per backward.
     """
-    nonzero = None
+    nonzero: Tensor | None = None
     for grad in (grad_logp, grad_h):
         if grad is not None:
             row = grad.reshape(-1) != 0
             nonzero = row if nonzero is None else nonzero | row
-    if bool(nonzero.all()):
+    if nonzero is None or bool(nonzero.all()):
         return None
     return nonzero.nonzero().squeeze(1)
 
@@ -278,7 +299,17 @@ class _LinearEntropyStatsFn(torch.autograd.Function):
     """Blockwise LM head + softmax statistics; the backward recomputes each logits block once."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, inv_t, rows, cols, want_average):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ids: Tensor,
+        inv_t: float,
+        rows: int,
+        cols: int,
+        want_average: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         logp, h, s, avg, shift = _forward_kernel(hidden, weight, bias, ids, inv_t, rows, cols, want_average)
         if avg is None:
             avg = s.new_empty(0)
@@ -290,7 +321,9 @@ class _LinearEntropyStatsFn(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_logp, grad_h, _grad_s, _grad_avg):  # type: ignore[override]
+    def backward(
+        ctx: Any, grad_logp: Tensor | None, grad_h: Tensor | None, _grad_s: Tensor | None, _grad_avg: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         needs = tuple(ctx.needs_input_grad[:3])
         if not any(needs) or (grad_logp is None and grad_h is None):
             return None, None, None, None, None, None, None, None
@@ -303,7 +336,10 @@ class _LinearEntropyStatsFn(torch.autograd.Function):
             return gh, gw, gb, None, None, None, None, None
         # Rows whose outputs get no gradient (loss-masked tokens, zero-advantage groups) add exactly zero to every
         # gradient: the backward's three head-sized matmuls run over the other rows only.
-        pick = lambda t: None if t is None else t.reshape(-1)[active]  # noqa: E731
+
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.reshape(-1)[active]
+
         gh_active, gw, gb = _backward_kernel(
             hidden[active], weight, bias, ids[active], shift[active], h[active], pick(grad_logp), pick(grad_h),
             ctx.inv_t, ctx.rows, ctx.cols, needs,
@@ -351,7 +387,10 @@ def linear_entropy_stats(
     h2 = hidden.reshape(-1, hidden.shape[-1])
     ids = token_ids.reshape(-1).to(torch.long)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        logp, h, s, avg = _LinearEntropyStatsFn.apply(h2, weight, bias, ids, inv_t, rows, cols, policy_average)
+        # torch types Function.apply without annotations.
+        logp, h, s, avg = _LinearEntropyStatsFn.apply(  # type: ignore[no-untyped-call]
+            h2, weight, bias, ids, inv_t, rows, cols, policy_average
+        )
         avg = avg if policy_average else None
     else:
         with torch.no_grad():

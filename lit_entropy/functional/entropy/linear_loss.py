@@ -32,6 +32,7 @@ rounded once at the end).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -87,7 +88,9 @@ class _Workspace:
 class _Outputs:
     """Flat per-token outputs and the gradients, in the compute dtype."""
 
-    def __init__(self, h: Tensor, weight: Tensor, bias: Tensor | None, want_average: bool, needs) -> None:
+    def __init__(
+        self, h: Tensor, weight: Tensor, bias: Tensor | None, want_average: bool, needs: tuple[bool, ...]
+    ) -> None:
         n, cdt, dev = h.shape[0], compute_dtype(h), h.device
         self.logp, self.entropy, self.disc = (torch.zeros(n, dtype=cdt, device=dev) for _ in range(3))
         self.avg = torch.zeros(n, dtype=cdt, device=dev) if want_average else None
@@ -101,7 +104,9 @@ class _Outputs:
         return any(g is not None for g in (self.gh, self.gw, self.gb))
 
 
-def _chunk_statistics(hb, weight, bias, ids, inv_t, ws: _Workspace, want_average: bool):
+def _chunk_statistics(
+    hb: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, inv_t: float, ws: _Workspace, want_average: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
     """Pass 1 over a row chunk: logits blocks into the workspace, streaming statistics; returns the finished
     ``(log p_k, H, S, E_p[S] | None, shift)`` of the chunk. Each stored block holds ``y = z / T - max_block``."""
     r, vocab, cols = hb.shape[0], weight.shape[0], ws.cols
@@ -130,7 +135,7 @@ def _token_grads(loss_fn: LossFn, out: _Outputs, shape: torch.Size) -> tuple[Ten
         if not loss.requires_grad:
             return None, None
         g_lp, g_h = torch.autograd.grad(loss, (logp, entropy), allow_unused=True)
-    return tuple(None if g is None else g.reshape(-1) for g in (g_lp, g_h))
+    return (None if g_lp is None else g_lp.reshape(-1)), (None if g_h is None else g_h.reshape(-1))
 
 
 def _call_loss(loss_fn: LossFn, logp: Tensor, entropy: Tensor) -> Tensor:
@@ -141,7 +146,16 @@ def _call_loss(loss_fn: LossFn, logp: Tensor, entropy: Tensor) -> Tensor:
     return loss
 
 
-def _chunk_gradients(hb, weight, ids, rows: slice, shift, coefficients, ws: _Workspace, out: _Outputs) -> None:
+def _chunk_gradients(
+    hb: Tensor,
+    weight: Tensor,
+    ids: Tensor,
+    rows: slice,
+    shift: Tensor,
+    coefficients: tuple[Tensor | None, Tensor, Tensor | None],
+    ws: _Workspace,
+    out: _Outputs,
+) -> None:
     """Pass 2 over a row chunk: turn each stored block into ``dL/dz`` and multiply it into the gradients."""
     a, b, c = coefficients
     r, vocab, cols = hb.shape[0], weight.shape[0], ws.cols
@@ -150,6 +164,7 @@ def _chunk_gradients(hb, weight, ids, rows: slice, shift, coefficients, ws: _Wor
     a_col = None if a is None else a.unsqueeze(1)
     b_col = b.unsqueeze(1)
     gh = None if out.gh is None else out.gh[rows]
+    mm, gh_tmp, gw_tmp = ws.mm, ws.gh_tmp, ws.gw_tmp  # all None or none (the input dtype is the compute dtype)
     for k, v0 in enumerate(range(0, vocab, cols)):
         v1 = min(v0 + cols, vocab)
         x, e = ws.block(r, v0, v1), ws.e[:r, : v1 - v0]
@@ -159,17 +174,17 @@ def _chunk_gradients(hb, weight, ids, rows: slice, shift, coefficients, ws: _Wor
             x.mul_(a_col).add_(b_col).mul_(e)  # dL/dz without the sampled token's term
         else:
             torch.mul(e, b_col, out=x)
-        if ws.mm is None:
+        if mm is None or gh_tmp is None or gw_tmp is None:
             if gh is not None:
                 gh.addmm_(x, weight[v0:v1])
             if out.gw is not None:
                 out.gw[v0:v1].addmm_(x.T, hb)
         else:
-            g = ws.mm[:r, : v1 - v0].copy_(x)
+            g = mm[:r, : v1 - v0].copy_(x)
             if gh is not None:
-                gh.add_(torch.mm(g, weight[v0:v1], out=ws.gh_tmp[:r]))
+                gh.add_(torch.mm(g, weight[v0:v1], out=gh_tmp[:r]))
             if out.gw is not None:
-                out.gw[v0:v1].add_(torch.mm(g.T, hb, out=ws.gw_tmp[: v1 - v0]))
+                out.gw[v0:v1].add_(torch.mm(g.T, hb, out=gw_tmp[: v1 - v0]))
         if out.gb is not None:
             out.gb[v0:v1] += x.sum(0)
     if c is None:
@@ -183,7 +198,19 @@ def _chunk_gradients(hb, weight, ids, rows: slice, shift, coefficients, ws: _Wor
         out.gb.index_add_(0, ids, c)
 
 
-def _loss_kernel(h, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn, shape, needs) -> _Outputs:
+def _loss_kernel(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    ids: Tensor,
+    inv_t: float,
+    rows: int,
+    cols: int,
+    want_average: bool,
+    loss_fn: LossFn,
+    shape: torch.Size,
+    needs: tuple[bool, ...],
+) -> _Outputs:
     n, vocab = h.shape[0], weight.shape[0]
     out = _Outputs(h, weight, bias, want_average, needs)
     if n == 0:
@@ -195,15 +222,16 @@ def _loss_kernel(h, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn,
         hb = h[sl]
         logp, entropy, disc, avg, shift = _chunk_statistics(hb, weight, bias, ids[sl], inv_t, ws, want_average)
         out.logp[sl], out.entropy[sl], out.disc[sl] = logp, entropy, disc
-        if avg is not None:
+        if out.avg is not None and avg is not None:
             out.avg[sl] = avg
         if not out.wants_grad:
             continue
         g_lp, g_h = _token_grads(loss_fn, out, shape)
         if g_lp is None and g_h is None:
             continue
-        g_lp, g_h = (None if g is None else g[sl] for g in (g_lp, g_h))
-        coefficients = row_coefficients(entropy, g_lp, g_h, inv_t, out.logp.dtype)
+        coefficients = row_coefficients(
+            entropy, None if g_lp is None else g_lp[sl], None if g_h is None else g_h[sl], inv_t, out.logp.dtype
+        )
         _chunk_gradients(hb, weight, ids[sl], sl, shift, coefficients, ws, out)
     return out
 
@@ -212,14 +240,26 @@ class _LinearEntropyLossFn(torch.autograd.Function):
     """Blockwise LM head + per-token loss; the gradient is formed in the forward, the backward scales it."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn, shape):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ids: Tensor,
+        inv_t: float,
+        rows: int,
+        cols: int,
+        want_average: bool,
+        loss_fn: LossFn,
+        shape: torch.Size,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         needs = tuple(ctx.needs_input_grad[:3])
         out = _loss_kernel(hidden, weight, bias, ids, inv_t, rows, cols, want_average, loss_fn, shape, needs)
         loss = _call_loss(loss_fn, out.logp.view(shape), out.entropy.view(shape)).detach()
         ctx.grads = (
             None if out.gh is None else out.gh.to(hidden.dtype),
             None if out.gw is None else out.gw.to(weight.dtype),
-            None if out.gb is None else out.gb.to(bias.dtype),
+            None if out.gb is None or bias is None else out.gb.to(bias.dtype),
         )
         avg = out.avg if out.avg is not None else out.logp.new_empty(0)
         ctx.mark_non_differentiable(out.logp, out.entropy, out.disc, avg)
@@ -227,7 +267,7 @@ class _LinearEntropyLossFn(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss, *_unused):  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: Tensor | None, *_unused: Tensor | None) -> tuple[Tensor | None, ...]:
         grads, ctx.grads = ctx.grads, None
         if grads is None:
             raise RuntimeError(
@@ -289,7 +329,8 @@ def linear_entropy_loss(
     ids = token_ids.reshape(-1).to(torch.long)
     args = (ids, inv_t, rows, cols, policy_average, loss_fn, shape)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        loss, logp, entropy, disc, avg = _LinearEntropyLossFn.apply(h2, weight, bias, *args)
+        # torch types Function.apply without annotations.
+        loss, logp, entropy, disc, avg = _LinearEntropyLossFn.apply(h2, weight, bias, *args)  # type: ignore[no-untyped-call]
     else:
         with torch.no_grad():
             out = _loss_kernel(h2, weight, bias, *args, (False, False, False))

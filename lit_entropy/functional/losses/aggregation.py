@@ -7,6 +7,8 @@ vanilla GRPO = ``seq-mean-token-mean``, DAPO = ``token-mean`` (the default), Dr.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -48,7 +50,7 @@ def loss_normalizer_count(mask: Tensor, loss_agg_mode: str, world_size: int = 1)
     return count.to(torch.float64)
 
 
-def _check_positive(name: str, value: float | None) -> None:
+def _check_positive(name: str, value: float | Tensor | None) -> None:
     if value is not None and isinstance(value, (int, float)):
         check_number(name, value, low=0.0, low_open=True)
 
@@ -126,6 +128,6 @@ def aggregate_loss(
 
 def aggregation_options(
     normalizer: float | Tensor | None, loss_scale_factor: float | None, token_weights: Tensor | None
-) -> dict:
+) -> dict[str, Any]:
     """:func:`aggregate_loss`'s keyword options (``token_weights``: rollout correction of each token's loss term)."""
     return {"normalizer": normalizer, "loss_scale_factor": loss_scale_factor, "token_weights": token_weights}

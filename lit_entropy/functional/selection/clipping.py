@@ -61,7 +61,8 @@ _CAP_FLOOR_TOL = 1e-9
 
 def check_max_frac(max_frac: float | None, *, optional: bool = True) -> float | None:
     """Clip_V's cap ``max_frac``: a share of the valid tokens in ``(0, 1]``, or None (no cap) when ``optional``."""
-    return check_fraction("max_frac", max_frac, optional=optional)
+    frac: float | None = check_fraction("max_frac", max_frac, optional=optional)
+    return frac
 
 
 def check_clip_b_args(mu: float, symmetric: bool = False) -> None:

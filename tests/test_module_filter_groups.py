@@ -170,7 +170,7 @@ def test_the_lr_schedule_counts_optimizer_updates_and_decays_over_max_steps(tiny
     options = dict(optim=OptimConfig(lr=base, warmup_steps=warmup, lr_schedule="linear"), update=UpdateConfig(epochs=2))
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # max_steps sizes the schedule: no warning
-        warnings.filterwarnings("ignore", message=".*(max_gen_batches|LeafSpec|num_workers|samples uniformly).*")
+        warnings.filterwarnings("ignore", message=".*(max_gen_batches|LeafSpec|num_workers).*")
         module, _, recorder = _fit(tiny_model_dir, module_options=options, max_steps=steps)
     expected = [base * ((k + 1) / warmup if k < warmup else 1 - (k - warmup) / (steps - warmup)) for k in range(steps)]
     assert module.lrs == pytest.approx(expected)

@@ -73,6 +73,9 @@ def _learning_rate(trainer: Trainer) -> str:
 class PolicyHealth(Callback):
     """After each training batch: stop on non-finite parameters, warn once about exploded weights or a uniform policy.
 
+    The uniform-policy warning needs the first trained batch's entropy below ``UNIFORM_FRACTION`` of ln V:
+    a model that samples uniformly from the start (random initialisation) was not destroyed by the updates.
+
     The parameter norm costs one pass over the weights per batch (an all-reduce of one number under FSDP2).
     """
 
@@ -81,6 +84,9 @@ class PolicyHealth(Callback):
         self.last_norm: float | None = None
         self.warned: set[str] = set()
         self._resumed_start: float | None = None
+        # Mean token entropy of the first trained batch over ln V: a policy that already sampled (near)
+        # uniformly before any update (a random-init model) was not collapsed by the updates.
+        self.start_entropy_fraction: float | None = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start_norm = self._resumed_start or _norm(_policy(pl_module), trainer)
@@ -108,7 +114,10 @@ class PolicyHealth(Callback):
         vocab = getattr(getattr(policy, "config", None), "vocab_size", None)
         if entropy is not None and vocab and "uniform" not in self.warned:
             maximum = math.log(vocab)
-            if float(entropy) >= UNIFORM_FRACTION * maximum:
+            fraction = float(entropy) / maximum
+            if self.start_entropy_fraction is None:
+                self.start_entropy_fraction = fraction
+            if fraction >= UNIFORM_FRACTION and self.start_entropy_fraction < UNIFORM_FRACTION:
                 self.warned.add("uniform")
                 rank_zero_warn(
                     f"lit_entropy: the policy samples uniformly: mean token entropy {float(entropy):.3f} at its "
@@ -117,11 +126,16 @@ class PolicyHealth(Callback):
                 )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start_norm": self.start_norm, "warned": sorted(self.warned)}
+        return {
+            "start_norm": self.start_norm,
+            "warned": sorted(self.warned),
+            "start_entropy_fraction": self.start_entropy_fraction,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.warned = set(state_dict.get("warned", []))
         self._resumed_start = state_dict.get("start_norm")
+        self.start_entropy_fraction = state_dict.get("start_entropy_fraction")
 
 
 def explain_sampling_failure(trainer: Trainer | None, error: BaseException) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -196,9 +197,23 @@ def test_an_exploding_learning_rate_names_the_update_and_the_learning_rate(tiny_
     assert "because the policy's weights exploded" in message and "model.optim.lr=1e+30" in message
 
 
+def _peaked_model(model_dir, out) -> str:
+    """``model_dir`` with its final norm scaled up: logits 5x larger, so the policy starts at ~0.75 ln V (a
+    random-init tiny model samples almost uniformly before any update)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(5.0)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return str(out)
+
+
 def test_a_policy_collapsed_to_uniform_sampling_is_warned_about(tiny_model_dir, tmp_path):
     """lr 1e4 turns the policy uniform (entropy ln V) within a step or two; the run went on without a word."""
-    module, trainer, snaps, data = _fit(tiny_model_dir, tmp_path, batches=4, optim=OptimConfig(lr=1e4))
+    peaked = _peaked_model(tiny_model_dir, tmp_path / "peaked")
+    module, trainer, snaps, data = _fit(peaked, tmp_path, batches=4, optim=OptimConfig(lr=1e4))
     with pytest.warns(UserWarning) as caught:
         trainer.fit(module, data)
     messages = [str(w.message) for w in caught]
@@ -206,6 +221,24 @@ def test_a_policy_collapsed_to_uniform_sampling_is_warned_about(tiny_model_dir, 
     vocab = module.policy.config.vocab_size
     uniform = [m for m in messages if "the policy samples uniformly" in m]
     assert len(uniform) == 1 and f"maximum ln V = {math.log(vocab):.3f} (vocabulary {vocab})" in uniform[0]
+    assert module.trainer is trainer and _health(trainer).start_entropy_fraction < 0.9
+
+
+def test_a_policy_that_samples_uniformly_from_the_start_is_not_warned_about(tiny_model_dir, tmp_path):
+    """A random-init model starts at ~ln V: lr 1e-12 leaves it there, and no update destroyed anything."""
+    module, trainer, snaps, data = _fit(tiny_model_dir, tmp_path, batches=2, optim=OptimConfig(lr=1e-12))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, data)
+    assert not [w for w in caught if "samples uniformly" in str(w.message)]
+    assert _health(trainer).start_entropy_fraction >= 0.98
+
+
+def _health(trainer):
+    from lit_entropy.training.health import PolicyHealth
+
+    (health,) = [c for c in trainer.callbacks if isinstance(c, PolicyHealth)]
+    return health
 
 
 def test_non_finite_parameters_stop_the_run_naming_the_parameter_and_the_learning_rate(tiny_model_dir, tmp_path):

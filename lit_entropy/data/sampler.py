@@ -93,7 +93,8 @@ class ResumableDataLoader(DataLoader):
         self._consumed = 0  # batches handed out in it
         self._resume: dict[str, int] | None = None
 
-    def __iter__(self) -> Iterator[Any]:
+    # A generator instead of DataLoader's iterator object: callers only iterate it (Lightning, for loops).
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # A generator: the body runs at the first ``next``, after Lightning's ``set_sampler_epoch``.
         sampler: ResumableDistributedSampler = self.sampler  # type: ignore[assignment]
         epoch = sampler.upcoming_epoch()

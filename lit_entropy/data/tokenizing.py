@@ -122,12 +122,13 @@ def rows_within_limits(
     """Indices of the rows within ``max_prompt_length`` and the tokenizer's ``model_max_length`` (when that is
     a real limit); raises on the first overlong row unless ``filter_overlong``."""
     context = getattr(tokenizer, "model_max_length", None)
-    has_context = isinstance(context, int) and context < _NO_CONTEXT_LIMIT
+    if not (isinstance(context, int) and context < _NO_CONTEXT_LIMIT):
+        context = None
     keep = []
     for row, ids in enumerate(input_ids):
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             limit = f"max_prompt_length={max_prompt_length}"
-        elif has_context and len(ids) > context:
+        elif context is not None and len(ids) > context:
             limit = f"the tokenizer's model_max_length={context}"
         else:
             keep.append(row)

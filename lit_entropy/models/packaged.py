@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import torch
 
@@ -140,6 +141,10 @@ def packaged_model_dir(name: str, setting: str = "model.policy.model_name_or_pat
     return target
 
 
+@overload
+def resolve_model_path(name_or_path: str, setting: str = ...) -> str: ...
+@overload
+def resolve_model_path(name_or_path: None, setting: str = ...) -> None: ...
 def resolve_model_path(name_or_path: str | None, setting: str = "model.policy.model_name_or_path") -> str | None:
     """``name_or_path`` itself, or for a packaged name the directory it is converted into (see
     :func:`packaged_model_dir`). None stays None."""

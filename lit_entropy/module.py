@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
+from lit_entropy.async_rollout import AsyncRolloutConfig, rollout_source, staleness_settings
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
@@ -99,6 +100,7 @@ class RFTModule(ModelLifecycle):
         evaluation: K samples per prompt at validation / test, and the pass@k ladder.
         rollout: the rollout engine (``class_path``); null = Hugging Face ``generate`` on the policy.
         logging: sample logging and export.
+        async_rollout: generate the next batches while the trainer updates (bounded staleness); null = synchronous.
     """
 
     def __init__(
@@ -115,16 +117,19 @@ class RFTModule(ModelLifecycle):
         evaluation: EvaluationConfig = EvaluationConfig(),
         rollout: RolloutEngine | None = None,
         logging: LoggingConfig = LoggingConfig(),
+        async_rollout: AsyncRolloutConfig | None = None,
     ) -> None:
         super().__init__()
         groups = dict(policy=policy, algorithm=algorithm, sampling=sampling, reward=reward, advantages=advantages)
         groups.update(loss=loss, ppo=ppo, update=update, optim=optim, evaluation=evaluation, logging=logging)
-        self.settings = RFTSettings.build(**groups)
-        self.save_hyperparameters(self.settings.to_hparams())
+        self.async_rollout = AsyncRolloutConfig.of(async_rollout)  # stale samples: the rollout correction by default
+        self.settings = staleness_settings(RFTSettings.build(**groups), self.async_rollout)
+        self.save_hyperparameters(self.settings.to_hparams() | AsyncRolloutConfig.hparams(self.async_rollout))
         self.automatic_optimization = False
         self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path, convert=False)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
+        self.rollouts = rollout_source(self.async_rollout, self.rollout_engine)  # each step's, or a worker's ahead
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
@@ -143,18 +148,22 @@ class RFTModule(ModelLifecycle):
         # The reference model and a LoRA policy's base are frozen and reloaded from disk: keep them out of checkpoints.
         drop_frozen_weights(checkpoint, lora=self.settings.policy.lora is not None)
         checkpoint.update(**self.skipped_updates.state_dict(), **self.dynamic_sampling.state_dict())  # collective
+        checkpoint.update(self.rollouts.state_dict())  # collective: the prompts in flight of model.async_rollout
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         lora, strict = self.settings.policy.lora is not None, self.strict_loading
         restore_frozen_weights(checkpoint, self.ref_model, self.policy, lora=lora, strict=strict)
         self.skipped_updates.load_state_dict(checkpoint)
         self.dynamic_sampling.load_state_dict(checkpoint)
+        self.rollouts.load_state_dict(checkpoint)
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
-        with self.dashboard.timer("generate"):  # a resumed run's engine may hold the disk's weights: push if so
-            self.rollout_engine.sync_weights(self.policy, self.global_step)
-            rollout = self.generate(batch, self.settings.sampling)
+        with self.dashboard.timer("generate"):  # model.async_rollout: the oldest batch in flight (None: filling)
+            taken = self.rollouts.take(self, batch)
+        if taken is None:
+            return
+        batch, rollout = taken
         with self.dashboard.timer("score"):
             rewards, completions = self.score(batch, rollout, self.settings.sampling.num_samples)
         filled = self.dynamic_sampling.offer(batch, rollout, rewards, completions, self.tokenizer.pad_token_id or 0)
@@ -166,7 +175,7 @@ class RFTModule(ModelLifecycle):
         with self.dashboard.timer("update"):
             terms = self.update(experience)
         with self.dashboard.timer("sync"):
-            self.rollout_engine.sync_weights(self.policy, self.global_step)
+            self.rollouts.after_update(self)
         self.log_step(batch, experience, completions, terms)
         self.dynamic_sampling.commit()  # last: a checkpoint from inside the step (Ctrl-C) holds the fill it found
 

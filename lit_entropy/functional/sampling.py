@@ -19,13 +19,43 @@ bfloat16 rounds ``z - max z`` to 8 significant bits, an error of up to 0.06 in t
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
-__all__ = ["SAMPLER_BLOCK", "CategoricalSampler", "sample_categorical"]
+__all__ = ["SAMPLER_BLOCK", "CategoricalSampler", "sample_categorical", "thread_generator"]
 
 #: Tokens per block of the two-level search: ~150 blocks at Qwen2.5's vocabulary keep both levels small.
 SAMPLER_BLOCK = 1024
+
+# A per-thread default generator: a rollout worker thread samples from its own stream, not the global one the
+# trainer's thread draws from at the same time (whose interleaving would otherwise decide both threads' draws).
+_THREAD = threading.local()
+
+
+@contextmanager
+def thread_generator(generator: torch.Generator | None) -> Iterator[None]:
+    """Within the block, samplers called without a generator on *this thread* draw from ``generator`` (None: the
+    global one). Other threads keep their own default.
+
+    Example:
+        >>> import torch
+        >>> with thread_generator(torch.Generator().manual_seed(0)):
+        ...     a = sample_categorical(torch.zeros(4, 8))
+        >>> with thread_generator(torch.Generator().manual_seed(0)):
+        ...     b = sample_categorical(torch.zeros(4, 8))
+        >>> bool((a == b).all())
+        True
+    """
+    previous = getattr(_THREAD, "generator", None)
+    _THREAD.generator = generator
+    try:
+        yield
+    finally:
+        _THREAD.generator = previous
 
 
 class CategoricalSampler:
@@ -86,6 +116,7 @@ class CategoricalSampler:
             raise ValueError(f"cannot sample: rows {bad} have NaN/+inf scores or no finite score")
         # 1 - U lies in (0, 1]: the first block whose running sum reaches u has positive mass, and the
         # remainder r = u - (running sum before it) lies in (0, that block's sum].
+        generator = generator if generator is not None else getattr(_THREAD, "generator", None)
         u = torch.rand(rows, 1, dtype=torch.float64, device=scores.device, generator=generator)
         u = (1.0 - u).mul_(total)
         j = torch.searchsorted(cum, u).clamp_(max=cum.shape[1] - 1)

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import nn
 
+from lit_entropy.async_rollout.pipeline import RolloutSource
 from lit_entropy.data.source import PromptSource
 from lit_entropy.distributed.fsdp2 import module_param_dtype, shard_models
 from lit_entropy.internals.lightning import attached_trainer
@@ -36,6 +37,7 @@ class ModelLifecycle(LightningModule):
     settings: RFTSettings
     model_name_or_path: str
     rollout_engine: RolloutEngine
+    rollouts: RolloutSource  # where a step's rollout comes from (model.async_rollout: a worker thread to close)
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,6 +85,7 @@ class ModelLifecycle(LightningModule):
         )
 
     def teardown(self, stage: str) -> None:
+        self.rollouts.close()
         # Only an engine this module started is closed; one started by the user belongs to the user.
         if self.owns_rollout_engine:
             self.rollout_engine.close()

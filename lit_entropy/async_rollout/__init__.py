@@ -1,0 +1,18 @@
+"""Asynchronous rollouts with bounded staleness (``model.async_rollout``): generation overlaps the update."""
+
+from lit_entropy.async_rollout.config import STALENESS_CORRECTION, AsyncRolloutConfig, staleness_settings
+from lit_entropy.async_rollout.pipeline import AsyncRollouts, RolloutSource, SynchronousRollouts, rollout_source
+from lit_entropy.async_rollout.worker import RolloutWorker, RolloutWorkerError, RolloutWorkerHung
+
+__all__ = [
+    "STALENESS_CORRECTION",
+    "AsyncRolloutConfig",
+    "AsyncRollouts",
+    "RolloutSource",
+    "RolloutWorker",
+    "RolloutWorkerError",
+    "RolloutWorkerHung",
+    "SynchronousRollouts",
+    "rollout_source",
+    "staleness_settings",
+]

@@ -1,0 +1,268 @@
+"""Where a training step's rollout comes from: generated in the step itself, or by a worker ahead of the trainer.
+
+:class:`SynchronousRollouts` is ``model.async_rollout: null``: push the weights, generate the step's own batch.
+:class:`AsyncRollouts` sends each step's prompts to a :class:`~lit_entropy.async_rollout.worker.RolloutWorker`
+(a thread with its own copy of the policy) and trains on the batch sent ``depth`` steps earlier, which the
+worker generated while the trainer updated. Versions count trained batches; a batch sent at version ``v`` trains
+at ``v + depth`` and was sampled with the weights last pushed before it was sent, so
+``weight_sync_steps <= max_staleness - depth + 1`` keeps every batch within ``max_staleness``
+(:class:`~lit_entropy.async_rollout.config.AsyncRolloutConfig` refuses more). Nothing is dropped: the trainer
+waits for the batch it needs, the worker for the next prompts.
+
+Checkpoints hold the prompts sent but not yet trained on (the committed state: at the end of a step, or its
+start for a checkpoint written from inside it), and the version; a resumed run sends them to its new worker
+first, so it regenerates them with its own weights and trains on the same prompts in the same order.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor, nn
+
+from lit_entropy.async_rollout.config import AsyncRolloutConfig
+from lit_entropy.async_rollout.worker import RolloutWorker
+from lit_entropy.distributed.collectives import all_gather_counts, all_gather_objects, is_distributed
+from lit_entropy.rollout.base import RolloutBatch, RolloutEngine
+from lit_entropy.rollout.hf import HFRolloutEngine
+from lit_entropy.settings import RFTSettings
+
+__all__ = ["CHECKPOINT_KEY", "AsyncRollouts", "RolloutHost", "RolloutSource", "SynchronousRollouts", "rollout_source"]
+
+Batch = dict[str, Any]
+CHECKPOINT_KEY = "lit_entropy_async_rollout"
+
+
+class RolloutHost(Protocol):
+    """What a rollout source reads of the :class:`~lit_entropy.module.RFTModule` it serves."""
+
+    policy: nn.Module | None
+    rollout_engine: RolloutEngine
+    settings: RFTSettings
+    device: torch.device
+    global_step: int
+
+    def generate(self, batch: Batch, sampling: Any) -> RolloutBatch: ...
+
+    def log(self, name: str, value: Any, **options: Any) -> None: ...
+
+
+class RolloutSource(Protocol):
+    """The training step's rollouts: :meth:`take` before the update, :meth:`after_update` after it."""
+
+    def take(self, host: RolloutHost, batch: Batch) -> tuple[Batch, RolloutBatch] | None: ...
+
+    def after_update(self, host: RolloutHost) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SynchronousRollouts:
+    """``model.async_rollout: null``: each step pushes the weights (engines that keep their own) and samples its own
+    batch from the current policy."""
+
+    def take(self, host: RolloutHost, batch: Batch) -> tuple[Batch, RolloutBatch]:
+        """The step's batch and its rollout (a resumed run's engine may hold the disk's weights: pushed if so)."""
+        host.rollout_engine.sync_weights(host.policy, host.global_step)
+        return batch, host.generate(batch, host.settings.sampling)
+
+    def after_update(self, host: RolloutHost) -> None:
+        """Push the updated weights to the engine (a no-op for Hugging Face ``generate`` on the policy)."""
+        host.rollout_engine.sync_weights(host.policy, host.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Nothing to restore; a checkpoint of an asynchronous run resumed synchronously drops its prompts in flight
+        (with a warning)."""
+        if checkpoint.get(CHECKPOINT_KEY):
+            rank_zero_warn(
+                "lit_entropy: the checkpoint holds prompts in flight of model.async_rollout, which this run does not "
+                "set: they are not trained on"
+            )
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A batch of prompts sent to the worker and not yet trained on.
+
+    Attributes:
+        ticket: its number in the order sent (the worker answers in that order).
+        batch: the collated prompts as the data loader gave them.
+        version: the trainer's version when it was sent.
+    """
+
+    ticket: int
+    batch: Batch
+    version: int
+
+
+def _to(batch: Batch, device: torch.device | None) -> Batch:
+    """``batch`` with its tensors on ``device`` (the CPU when None)."""
+    return {k: v.to(device or "cpu") if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+class AsyncRollouts:
+    """``model.async_rollout``: a worker generates ahead; the trainer trains on batches at most ``max_staleness``
+    versions old (see the module docstring).
+
+    Args:
+        config: the settings group.
+    """
+
+    def __init__(self, config: AsyncRolloutConfig) -> None:
+        self.config = config
+        self.worker: RolloutWorker | None = None
+        self.shadow: nn.Module | None = None
+        self.version = 0  # trained rollout batches
+        self.pushed = 0  # the version of the weights last sent to the worker
+        self.pending: deque[Pending] = deque()
+        self.next_ticket = 0
+        self.committed: tuple[int, list[Batch]] = (0, [])  # what a checkpoint holds: (version, prompts in flight)
+        self.restored: list[Batch] = []
+        self.stats: dict[str, float] = {}
+
+    def start(self, host: RolloutHost) -> None:
+        """Copy the policy for the worker and start it; send a resumed run's prompts in flight first."""
+        engine = host.rollout_engine
+        if getattr(host, "device_mesh", None) is not None:
+            raise ValueError("model.async_rollout does not support FSDP2 (ModelParallelStrategy) yet: use DDP")
+        shadow = copy.deepcopy(host.policy)
+        shadow.requires_grad_(False).eval()
+        self.shadow, sampling, self.pushed = shadow, host.settings.sampling, self.version
+
+        def generate(batch: Batch) -> RolloutBatch:
+            return engine.generate(shadow, batch["input_ids"], batch["attention_mask"], sampling)
+
+        def load(weights: dict[str, Tensor], version: int) -> None:
+            shadow.load_state_dict(weights)
+            engine.sync_weights(shadow, version)
+
+        # Nothing runs concurrently at depth 0, so the worker samples from the global stream in the trainer's
+        # order (the synchronous run's samples); with batches in flight it draws from a stream of its own.
+        generator = None
+        if self.config.depth:
+            generator = torch.Generator(device=host.device).manual_seed(torch.initial_seed() + 1 + self.version)
+        threads = self.config.worker_threads
+        self.worker = RolloutWorker(generate, load, version=self.version, threads=threads, generator=generator)
+        restored, self.restored = self.restored, []
+        for batch in restored:
+            self.submit(_to(batch, host.device))
+
+    def submit(self, batch: Batch) -> None:
+        assert self.worker is not None
+        self.pending.append(Pending(self.next_ticket, batch, self.version))
+        self.worker.submit(self.next_ticket, batch)
+        self.next_ticket += 1
+
+    def take(self, host: RolloutHost, batch: Batch) -> tuple[Batch, RolloutBatch] | None:
+        """Send ``batch``; return the oldest batch sent and its rollout, or None while the first ``depth`` batches
+        are generated (no update in this step)."""
+        if self.worker is None:
+            self.start(host)
+        self.submit(batch)
+        if len(self.pending) <= self.config.depth:
+            self.commit()
+            return None
+        oldest = self.pending.popleft()
+        waited = time.perf_counter()
+        try:
+            generated = self.worker.result(self.config.worker_timeout_s)
+        except Exception:
+            self.close()
+            raise
+        waited = time.perf_counter() - waited
+        if generated.ticket != oldest.ticket:  # the worker answers in order: anything else is a bug here
+            raise RuntimeError(f"rollout worker answered ticket {generated.ticket}, expected {oldest.ticket}")
+        staleness = self.version - generated.version
+        versions = all_gather_counts(generated.version, host.device)
+        if len(set(versions)) > 1:
+            raise RuntimeError(f"ranks sampled this batch with different policy versions: {versions}")
+        if not 0 <= staleness <= self.config.max_staleness:
+            raise RuntimeError(
+                f"a batch of version {generated.version} reached the trainer at version {self.version}: outside "
+                f"model.async_rollout.max_staleness={self.config.max_staleness}"
+            )
+        self.stats = {
+            "staleness_mean": float(staleness), "staleness_max": float(staleness), "trainer_wait_s": waited,
+            "worker_wait_s": self.worker.take_wait(), "queue_depth": float(len(self.pending)),
+            "version": float(generated.version),
+        }  # fmt: skip
+        return oldest.batch, generated.output
+
+    def after_update(self, host: RolloutHost) -> None:
+        """One more version; push the weights at the sync points; log ``train/async/*``; commit."""
+        assert self.worker is not None
+        self.version += 1
+        if self.version - self.pushed >= self.config.weight_sync_steps:
+            weights = host.policy.state_dict()
+            if self.config.depth:  # the trainer changes its weights while the worker still samples: a snapshot
+                weights = {name: tensor.detach().clone() for name, tensor in weights.items()}
+            self.worker.push(weights, self.version)
+            self.pushed = self.version
+        for name, value in self.stats.items():
+            host.log(f"train/async/{name}", torch.tensor(value), on_step=True, batch_size=1)
+        self.commit()
+
+    def commit(self) -> None:
+        """The state a checkpoint holds from now on (a checkpoint from inside the next step describes its start)."""
+        self.committed = (self.version, [p.batch for p in self.pending])
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{CHECKPOINT_KEY: every rank's (version, prompts in flight)}`` (collective under DDP)."""
+        version, batches = self.committed
+        mine = {"version": version, "batches": [_to(batch, None) for batch in batches]}
+        return {CHECKPOINT_KEY: all_gather_objects(mine) if is_distributed() else [mine]}
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """This rank's version and prompts in flight, sent to the worker when it starts."""
+        states = checkpoint.get(CHECKPOINT_KEY)
+        if not states:
+            return
+        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
+        mine = states[rank] if len(states) == world else states[0]
+        if len(states) != world:
+            rank_zero_warn(
+                f"lit_entropy: the checkpoint's prompts in flight are of {len(states)} ranks, not {world}: dropped"
+            )
+            mine = {"version": mine["version"], "batches": []}
+        self.version = self.pushed = int(mine["version"])
+        self.committed = (self.version, list(mine["batches"]))
+        self.restored = list(mine["batches"])
+
+    def close(self) -> None:
+        """Stop the worker (a hung one stays behind as a daemon thread)."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def rollout_source(config: AsyncRolloutConfig | None, engine: RolloutEngine) -> RolloutSource:
+    """:class:`AsyncRollouts` for a ``model.async_rollout`` group, else :class:`SynchronousRollouts`.
+
+    Raises:
+        ValueError: ``model.async_rollout`` with an engine other than Hugging Face ``generate`` (not supported yet:
+            the worker's engine would also serve validation, on other weights).
+    """
+    if config is None:
+        return SynchronousRollouts()
+    if not isinstance(engine, HFRolloutEngine):
+        raise ValueError(
+            f"model.async_rollout needs model.rollout: null (Hugging Face generate on the worker's copy of the "
+            f"policy); model.rollout={type(engine).__name__} is not supported in this mode yet"
+        )
+    return AsyncRollouts(config)

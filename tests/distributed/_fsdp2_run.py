@@ -136,7 +136,9 @@ class InterruptRank1(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank == 1 and batch_idx == self.batch:
-            os.kill(os.getpid(), signal.SIGINT)
+            # raise(), not kill(getpid()): a process-directed signal may land on a gloo I/O thread; a
+            # terminal's Ctrl-C reaches the main thread of each process, as this does.
+            signal.raise_signal(signal.SIGINT)
 
 
 def run(
@@ -244,6 +246,12 @@ def run(
             "interrupted": interrupted,
         }
         Path(out, "metrics.json").write_text(json.dumps(info))
+    if torch.distributed.is_initialized():
+        # Both ranks leave together and tear gloo down while the interpreter is alive: a rank that exits while
+        # the other still talks to it, or gloo threads destroyed at interpreter finalisation, abort the
+        # process ("terminate called without an active exception").
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _local_rows(weight: Tensor) -> int:

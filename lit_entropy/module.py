@@ -34,7 +34,7 @@ from lit_entropy.reporting.dashboard import (
 )
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
 from lit_entropy.reporting.steps import trained_batches
-from lit_entropy.rewards import resolve_reward_fn, score_responses
+from lit_entropy.rewards import resolve_reward_fn, score_rollout
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (
     AdvantageConfig,
@@ -64,6 +64,7 @@ from lit_entropy.step import (
     updates_per_batch,
     value_estimates,
 )
+from lit_entropy.step.estimator_inputs import add_greedy_baselines, estimator_inputs, keep_components
 from lit_entropy.step.group_fill import DynamicSampling
 from lit_entropy.step.kept_set import kept_set_log_mass
 from lit_entropy.step.schedule import optimizer_step_rows
@@ -170,8 +171,10 @@ class RFTModule(ModelLifecycle):
         if filled is None:  # model.sampling.filter_groups: the update waits for more informative groups
             return
         batch, rollout, rewards, completions = filled
+        with self.dashboard.timer("generate"):  # remax: one greedy completion per prompt the update trains on
+            add_greedy_baselines(batch, self.settings, self.generate, self.score)
         with self.dashboard.timer("statistics"):
-            experience = self.apply_token_callbacks(self.make_experience(rollout, rewards))
+            experience = self.apply_token_callbacks(self.make_experience(rollout, rewards, batch))
         with self.dashboard.timer("update"):
             terms = self.update(experience)
         with self.dashboard.timer("sync"):
@@ -193,23 +196,20 @@ class RFTModule(ModelLifecycle):
             ) from error
 
     def score(self, batch: Batch, rollout: RolloutBatch, num_samples: int) -> tuple[Tensor, list[str]]:
-        """Rewards ``[N]`` (float32) and the decoded completions of ``rollout``."""
+        """Rewards ``[N]`` (float32) and the decoded completions of ``rollout``; a reward's named components go to
+        ``batch`` per prompt (``gdpo``, the dashboard)."""
         name = self.settings.reward.fn if isinstance(self.settings.reward.fn, str) else repr(self.reward_fn)
         args = (self.reward_fn, name, self.tokenizer, rollout, batch["answers"], num_samples)
-        rewards, completions = score_responses(*args)
-        return rewards.to(self.device), completions
+        scores, completions = score_rollout(*args, self.settings.reward.component_weights)
+        keep_components(batch, scores.components, num_samples)
+        return scores.rewards.to(self.device), completions
 
-    def make_experience(self, rollout: RolloutBatch, rewards: Tensor) -> Experience:
-        """The statistics pass plus advantages (:func:`~lit_entropy.step.build_experience`)."""
-        return build_experience(
-            rollout, rewards, self.statistics_pass(rollout), self.settings, eos_token_ids=self.eos_token_ids()
-        )
-
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """The EOS ids of setup (tokenizer + generation config; before setup the tokenizer's): a completion ending
-        in one of them stopped; none = only the length decides."""
-        eos = getattr(self, "stop_ids", None) or self.tokenizer.eos_token_id
-        return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+    def make_experience(self, rollout: RolloutBatch, rewards: Tensor, batch: Batch | None = None) -> Experience:
+        """The statistics pass plus advantages (:func:`~lit_entropy.step.build_experience`), with the estimator's inputs
+        that ``batch`` carries (a greedy baseline, reward components)."""
+        inputs = estimator_inputs(batch, self.settings.sampling.num_samples, self.settings.reward.component_weights)
+        stats, eos = self.statistics_pass(rollout), self.eos_token_ids()
+        return build_experience(rollout, rewards, stats, self.settings, eos_token_ids=eos, estimator_inputs=inputs)
 
     @torch.no_grad()
     def statistics_pass(self, rollout: RolloutBatch) -> RolloutStatistics:

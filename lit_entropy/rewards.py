@@ -2,7 +2,10 @@
 
 A reward function takes the decoded completions and the ground-truth answers of the same rows (equal
 lengths; a GRPO group repeats its prompt's answer K times) and returns one float per row, usually 0.0 or
-1.0. Reward functions run in the training process, possibly outside the main thread, so none may rely on
+1.0, or a mapping of named components, each with one float per row (``{"correct": [...], "format": [...]}``): the
+reward is then their sum weighted by ``model.reward.component_weights`` (TRL's ``reward_weights``), the ``gdpo``
+estimator normalises each component on its own and the dashboard shows each (``train/reward_component/<name>``).
+Reward functions run in the training process, possibly outside the main thread, so none may rely on
 process-wide signal handlers.
 """
 
@@ -14,9 +17,9 @@ import math
 import numbers
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -28,7 +31,9 @@ __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
     "RewardFunctionError",
+    "RewardScores",
     "check_rewards",
+    "compute_reward_scores",
     "compute_rewards",
     "exact_match_reward",
     "final_answer",
@@ -37,6 +42,7 @@ __all__ = [
     "math_verify_reward",
     "resolve_reward_fn",
     "score_responses",
+    "score_rollout",
     "word_problem_reward",
 ]
 
@@ -73,6 +79,19 @@ class RewardFunctionError(ValueError):
     """
 
 
+class RewardScores(NamedTuple):
+    """One reward call's scores.
+
+    Attributes:
+        rewards: float32 ``[N]``; with components, their weighted sum.
+        components: float32 ``[N]`` per component name, in the order the function gave them, or None when it
+            returned plain numbers.
+    """
+
+    rewards: Tensor
+    components: dict[str, Tensor] | None = None
+
+
 def compute_rewards(
     fn: Callable[..., Any],
     completions: list[str],
@@ -82,7 +101,24 @@ def compute_rewards(
     group_size: int = 1,
     setting: str = "model.reward.fn",
 ) -> Tensor:
-    """``fn(completions, answers)`` checked by :func:`check_rewards`, as a float32 ``[len(completions)]`` tensor.
+    """``fn(completions, answers)`` checked by :func:`check_rewards`, as a float32 ``[len(completions)]`` tensor (named
+    components summed with weight 1; :func:`compute_reward_scores` keeps them and takes weights)."""
+    return compute_reward_scores(fn, completions, answers, fn_name=fn_name, group_size=group_size, setting=setting)[0]
+
+
+def compute_reward_scores(
+    fn: Callable[..., Any],
+    completions: list[str],
+    answers: list[str],
+    *,
+    fn_name: str,
+    group_size: int = 1,
+    setting: str = "model.reward.fn",
+    weights: Mapping[str, float] | None = None,
+) -> RewardScores:
+    """``fn(completions, answers)`` checked: one float32 reward per completion, or named components (a mapping of
+    name to one number per completion, each checked by :func:`check_rewards`) and their sum weighted by ``weights``
+    (1 for a name it lacks).
 
     Args:
         fn: The reward function.
@@ -112,14 +148,40 @@ def compute_rewards(
         raise RewardFunctionError(
             f"{setting}: reward function {fn_name!r} raised {_short_repr_text(error, 160)} {where}, got {fn_name!r}"
         ) from err
-    return check_rewards(fn_name, values, len(completions), setting=setting)
+    if not isinstance(values, Mapping):
+        return RewardScores(check_rewards(fn_name, values, len(completions), setting=setting))
+    if not values or not all(isinstance(name, str) and name for name in values):
+        raise RewardFunctionError(
+            f"{setting}: reward function {fn_name!r} returned a mapping; it must map component names (non-empty "
+            f"strings) to one number per completion, got keys {_short_repr(list(values))}"
+        )
+    components = {
+        name: check_rewards(f"{fn_name}[{name!r}]", part, len(completions), setting=setting)
+        for name, part in values.items()
+    }
+    total = sum(float((weights or {}).get(name, 1.0)) * part for name, part in components.items())
+    return RewardScores(torch.as_tensor(total, dtype=torch.float32), components)
 
 
 def score_responses(
     fn: Callable[..., Any], fn_name: str, tokenizer: Any, rollout: RolloutBatch, answers: list[str], num_samples: int
 ) -> tuple[Tensor, list[str]]:
-    """Decode a rollout batch's responses and score them: rewards ``[N]`` (float32, :func:`compute_rewards`) and the
-    completions.
+    """:func:`score_rollout`'s rewards ``[N]`` and completions (components summed with weight 1)."""
+    scores, completions = score_rollout(fn, fn_name, tokenizer, rollout, answers, num_samples)
+    return scores.rewards, completions
+
+
+def score_rollout(
+    fn: Callable[..., Any],
+    fn_name: str,
+    tokenizer: Any,
+    rollout: RolloutBatch,
+    answers: list[str],
+    num_samples: int,
+    weights: Mapping[str, float] | None = None,
+) -> tuple[RewardScores, list[str]]:
+    """Decode a rollout batch's responses and score them: :class:`RewardScores` (:func:`compute_reward_scores`) and
+    the completions.
 
     Args:
         fn: the reward function; ``fn_name`` names it in errors.
@@ -127,11 +189,13 @@ def score_responses(
         rollout: ``N`` = prompts x ``num_samples`` sampled rows, grouped by prompt.
         answers: one per prompt, shared by its ``num_samples`` rows.
         num_samples: samples per prompt (the group size).
+        weights: ``model.reward.component_weights``.
     """
     responses = rollout.responses.masked_fill(~rollout.response_mask, tokenizer.pad_token_id or 0)
     completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
     rows = [a for a in answers for _ in range(num_samples)]
-    return compute_rewards(fn, completions, rows, fn_name=fn_name, group_size=num_samples), completions
+    scores = compute_reward_scores(fn, completions, rows, fn_name=fn_name, group_size=num_samples, weights=weights)
+    return scores, completions
 
 
 def _failing_item(fn: Callable[..., Any], completions: list[str], answers: list[str], limit: int = 64) -> int | None:

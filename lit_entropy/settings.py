@@ -33,6 +33,7 @@ from lit_entropy.functional.registry import (
     default_loss_agg_mode,
     policy_loss_takes_token_weights,
 )
+from lit_entropy.models.policy_config import DTYPES, LoraConfig, PolicyConfig
 from lit_entropy.rollout.base import SamplingConfig
 from lit_entropy.rollout.correction import RolloutCorrectionConfig
 from lit_entropy.settings_legacy import (
@@ -43,6 +44,7 @@ from lit_entropy.settings_legacy import (
 )
 
 __all__ = [
+    "DTYPES",
     "LEGACY_MODEL_KEYS",
     "AdvantageConfig",
     "EvaluationConfig",
@@ -62,66 +64,9 @@ __all__ = [
     "check_legacy_model_keys",
 ]
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_ESTIMATORS: dict[str, str] = {"grpo": "grpo", "ppo": "gae"}
 """``model.advantages.estimator`` when it is null, by ``model.algorithm``."""
 LR_SCHEDULES = ("constant", "linear", "cosine")
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters on the policy (``pip install lit-entropy[lora]``): only they train; the KL term's reference is the
-    policy with its adapters switched off (no second model is loaded)."""
-
-    r: int = 16
-    """Adapter rank."""
-    alpha: float = 32.0
-    """Scaling numerator: a layer computes ``W x + alpha / r * B A x``."""
-    dropout: float = 0.0
-    """Dropout on the adapters' input, in [0, 1)."""
-    target_modules: list[str] | None = None
-    """Names (suffixes) of the linear layers that get adapters; null = every linear layer of the decoder blocks
-    (the attention and MLP projections; not the LM head, so the blockwise vocabulary pass applies)."""
-
-    def __post_init__(self) -> None:
-        check_number("model.policy.lora.r", self.r, low=1, integer=True)
-        check_number("model.policy.lora.alpha", self.alpha, low=0, low_open=True)
-        check_number("model.policy.lora.dropout", self.dropout, low=0, high=1, high_open=True)
-        targets = self.target_modules
-        if targets is not None and (not targets or not all(isinstance(t, str) and t for t in targets)):
-            raise ValueError(
-                f"model.policy.lora.target_modules must be a non-empty list of module names or null, got {targets!r}"
-            )
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """The policy model and how its forward pass runs."""
-
-    model_name_or_path: str | None = None
-    """Local dir or hub id of the policy, a packaged name (``smollm2-135m-instruct``), or null = the embedded one."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
-    """dtype the weights are loaded in (``auto`` = the checkpoint's)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass."""
-    fsdp_param_dtype: Literal["bfloat16", "float16", "float32"] | None = None
-    """FSDP2 only: dtype of the all-gathered parameters; null = follow the trainer precision."""
-    logprob_chunk_size: int | None = None
-    """Rows per chunk of the full-logits vocabulary pass; null = automatic."""
-    blockwise_lm_head: bool = True
-    """Compute log-probs, entropy and E_p[S] from the final hidden states and the LM head block by block, never
-    materialising ``[tokens, vocab]`` logits (forward and backward; a separate update forward forms the loss
-    gradient inside the pass); a model whose head is not a plain linear layer uses full logits automatically."""
-    lora: LoraConfig | None = None
-    """Train LoRA adapters instead of all weights (``model.policy.lora.*``); null = full fine-tuning."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.lora, Mapping):  # checkpoints store the group as a dict
-            object.__setattr__(self, "lora", LoraConfig(**self.lora))
-        check_choice("model.policy.dtype", self.dtype, DTYPES)
-        if self.fsdp_param_dtype is not None:
-            check_choice("model.policy.fsdp_param_dtype", self.fsdp_param_dtype, DTYPES[1:])
-        check_number("model.policy.logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True, optional=True)
 
 
 @dataclass(frozen=True)
@@ -202,11 +147,21 @@ class RewardConfig:
     grows to ``-overlong_penalty_factor``; added to the reward for advantages only, never to correctness; 0 = off."""
     overlong_penalty_factor: float = 1.0
     """The overlong penalty's magnitude at ``max_new_tokens`` (>= 0)."""
+    component_weights: dict[str, float] | None = None
+    """Weight of each named component of a reward function that returns components (``{name: [floats]}``): the
+    reward is their weighted sum, and ``gdpo`` sums the per-component advantages with these weights; null or a
+    name not listed = 1."""
 
     def __post_init__(self) -> None:
         check_number("model.reward.correct_threshold", self.correct_threshold)
         check_number("model.reward.overlong_buffer", self.overlong_buffer, low=0, integer=True)
         check_number("model.reward.overlong_penalty_factor", self.overlong_penalty_factor, low=0)
+        if self.component_weights is not None:
+            if not isinstance(self.component_weights, dict):
+                weights = self.component_weights
+                raise ValueError(f"model.reward.component_weights must map component names to numbers, got {weights!r}")
+            for name, weight in self.component_weights.items():
+                check_number(f"model.reward.component_weights.{name}", weight)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ __all__ = [
     "POLICY_LOSSES",
     "Registry",
     "UnknownNameError",
+    "estimator_needs_greedy_baseline",
     "estimator_needs_values",
     "import_path_object",
     "is_import_path",
@@ -90,10 +91,14 @@ POLICY_LOSS_CALL = ExpectedCall(
 ADVANTAGE_ESTIMATOR_CALL = ExpectedCall(
     positional=("token_rewards", "mask"),
     keywords=("group_size", "values", "scale"),
-    keywords_when={"needs_values": ("gamma", "lam", "whiten_advantages")},
+    keywords_when={
+        "needs_values": ("gamma", "lam", "whiten_advantages"),
+        "needs_greedy_baseline": ("reward_baselines",),
+    },
 )
 """How ``step.experience.token_advantages`` calls an advantage estimator (``model.ppo``'s options too for one that
-needs a critic's values: it runs under PPO only)."""
+needs a critic's values: it runs under PPO only; ``reward_baselines`` ``[N]`` for one that needs a greedy rollout's
+reward per prompt)."""
 
 PolicyLoss = Callable[..., tuple[Tensor, Any]]
 """A policy loss: ``(logprobs, old_logprobs, advantages, mask, **options) -> (loss, stats)``."""
@@ -258,7 +263,7 @@ def policy_loss_takes_token_weights(name: str) -> bool:
 
 
 def register_advantage_estimator(
-    name: str, *, needs_values: bool = False, min_group_size: int = 1
+    name: str, *, needs_values: bool = False, min_group_size: int = 1, needs_greedy_baseline: bool = False
 ) -> Callable[[_Estimator], _Estimator]:
     """Decorator: register an advantage estimator under ``name`` in :data:`ADVANTAGE_ESTIMATORS`.
 
@@ -268,18 +273,30 @@ def register_advantage_estimator(
             it runs only with ``model.algorithm: ppo``.
         min_group_size: the fewest samples per prompt it can work with (2 for a group baseline);
             the settings refuse a smaller ``model.sampling.num_samples`` before anything is built.
+        needs_greedy_baseline: the estimator reads ``reward_baselines`` ``[N]``, the reward of one greedy
+            (temperature 0) completion of each row's prompt (ReMax): the training step then generates and scores
+            that completion per prompt besides the sampled ones.
     """
     if not isinstance(needs_values, bool):
         raise TypeError(f"needs_values must be a bool, got {needs_values!r}")
+    if not isinstance(needs_greedy_baseline, bool):
+        raise TypeError(f"needs_greedy_baseline must be a bool, got {needs_greedy_baseline!r}")
     if not isinstance(min_group_size, int) or isinstance(min_group_size, bool) or min_group_size < 1:
         raise ValueError(f"min_group_size must be an integer >= 1, got {min_group_size!r}")
-    register = ADVANTAGE_ESTIMATORS.register(name, needs_values=needs_values, min_group_size=min_group_size)
+    register = ADVANTAGE_ESTIMATORS.register(
+        name, needs_values=needs_values, min_group_size=min_group_size, needs_greedy_baseline=needs_greedy_baseline
+    )
 
     def decorator(function: _Estimator) -> _Estimator:
         register(function)
         return function
 
     return decorator
+
+
+def estimator_needs_greedy_baseline(name: str) -> bool:
+    """Whether the advantage estimator ``name`` was registered with ``needs_greedy_baseline=True``."""
+    return bool(ADVANTAGE_ESTIMATORS.attributes(name).get("needs_greedy_baseline", False))
 
 
 def estimator_needs_values(name: str) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "batch_statistics",
     "informative_groups",
     "fill_scalars",
+    "estimator_input_scalars",
     "loss_scalars",
     "module_tag_plan",
     "peak_memory_mb",
@@ -310,6 +311,30 @@ def batch_statistics(
     return out
 
 
+def estimator_input_scalars(inputs: dict[str, Any], device: torch.device) -> dict[str, float]:
+    """Global means over rows of what the estimator read besides the rewards: ``train/reward_component/<name>``
+    per named reward component (``[N, K]``, weights not applied) and ``train/reward/greedy``, the greedy
+    completions' reward (``remax``'s baseline). Every rank calls it (one all-reduce when there is anything).
+
+    Args:
+        inputs: an :class:`~lit_entropy.step.Experience`'s ``estimator_inputs``.
+        device: where the all-reduce runs.
+    """
+    columns, tags = [], []
+    if "reward_components" in inputs:
+        columns.append(inputs["reward_components"].to(device, torch.float64))
+        names = inputs.get("reward_component_names", ())
+        tags += [f"train/reward_component/{name}" for name in names]
+    if "reward_baselines" in inputs:
+        columns.append(inputs["reward_baselines"].to(device, torch.float64).unsqueeze(-1))
+        tags.append("train/reward/greedy")
+    if not columns:
+        return {}
+    values = torch.cat(columns, dim=-1)
+    sums = all_reduce_sum(torch.cat([values.sum(0), values.new_tensor([values.shape[0]])]))
+    return {tag: float(total) / max(float(sums[-1]), 1.0) for tag, total in zip(tags, sums[:-1], strict=True)}
+
+
 def loss_scalars(terms: dict[str, float], plan: TagPlan) -> dict[str, float]:
     """Tags of an update's mean loss terms (per rank; average them across ranks) and its gradient norm."""
     out = {LOSS_TAGS[key]: value for key, value in terms.items() if key in LOSS_TAGS}
@@ -352,6 +377,7 @@ class TrainDashboard(nn.Module):
         if experience.rollout_gap is not None:
             stats.update(self._gap(experience))
         stats.update(fill_scalars(report.fill) if report.fill is not None else {})
+        stats.update(estimator_input_scalars(getattr(experience, "estimator_inputs", {}), run.device))
         stats.update(self._perf(run, experience))
         for key, value in stats.items():
             log(key, torch.tensor(float(value)), on_step=True, batch_size=report.prompts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,12 +97,16 @@ class Experience(RolloutRows):
         coefficients: loss coefficients for this batch (``entropy_coef``: the setting or a callback's value).
         mismatch: this rank's :func:`~lit_entropy.functional.rollout_correction.mismatch_sums` of the whole batch
             (float64 ``[10]``), None unless the engine reports log-probs.
+        estimator_inputs: what the estimator read besides the rewards
+            (:func:`~lit_entropy.step.estimator_inputs.estimator_inputs`), of the whole batch (:meth:`rows` does not
+            select them): the dashboard's ``train/reward_component/*`` and ``train/reward/greedy``.
     """
 
     rollout: RolloutBatch
     update_forward: ReusedForwards | None = None
     coefficients: dict[str, float] = field(default_factory=dict)
     mismatch: Tensor | None = None
+    estimator_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def response_mask(self) -> Tensor:
@@ -161,7 +166,11 @@ def advantage_options(settings: RFTSettings) -> dict[str, Any]:
 
 
 def token_advantages(
-    rewards: Tensor, mask: Tensor, settings: RFTSettings, values: Tensor | None = None
+    rewards: Tensor,
+    mask: Tensor,
+    settings: RFTSettings,
+    values: Tensor | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages ``[N, T]`` float32 (and the critic's returns, or None) by ``model.advantages.estimator``.
 
@@ -170,15 +179,22 @@ def token_advantages(
         mask: ``[N, T]`` bool response mask.
         settings: the run's settings (the estimator is resolved by :class:`~lit_entropy.settings.RFTSettings`).
         values: critic values ``[N, T]``; passed only to estimators registered with ``needs_values=True``.
+        inputs: per-row estimator inputs (:func:`~lit_entropy.step.estimator_inputs.estimator_inputs`:
+            ``reward_baselines``, ``reward_components``, ``reward_weights``), each passed to an estimator that
+            takes it by name or by ``**extra``.
     """
     name = settings.advantages.estimator
     estimator = ADVANTAGE_ESTIMATORS[name]
+    parameters = inspect.signature(estimator).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    extra = {key: value for key, value in (inputs or {}).items() if takes_any or key in parameters}
     advantages, returns = estimator(
         outcome_token_rewards(rewards, mask),
         mask,
         group_size=settings.sampling.num_samples,
         values=values if estimator_needs_values(name) else None,
         **advantage_options(settings),
+        **{key: value.to(mask.device) if isinstance(value, Tensor) else value for key, value in extra.items()},
     )
     return advantages.float(), returns
 
@@ -211,6 +227,7 @@ def build_experience(
     settings: RFTSettings,
     *,
     eos_token_ids: Sequence[int] = (),
+    estimator_inputs: dict[str, Any] | None = None,
 ) -> Experience:
     """Advantages (the registered estimator) and the rollout correction on top of the statistics pass.
 
@@ -220,6 +237,7 @@ def build_experience(
     ``eos_token_ids``); callbacks narrow it afterwards. With an engine that reports log-probs, the rollout
     correction's weights (``model.loss.rollout_correction``) are kept apart from the advantages: they multiply each
     token's policy-loss term, so the callbacks and the dashboard read the estimator's advantages.
+    ``estimator_inputs`` go to the estimator (:func:`token_advantages`).
     """
     mask = rollout.response_mask
     max_new_tokens = settings.sampling.max_new_tokens
@@ -229,7 +247,7 @@ def build_experience(
         buffer=settings.reward.overlong_buffer,
         factor=settings.reward.overlong_penalty_factor,
     ).to(rewards)
-    advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values)
+    advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values, estimator_inputs)
     loss_mask = mask
     if settings.loss.mask_truncated:
         truncated = truncated_rows(rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
@@ -245,5 +263,6 @@ def build_experience(
     tensors = {**statistics.row_tensors(), "rewards": rewards, "advantages": advantages, "returns": returns}
     tensors.update(loss_mask=loss_mask, rollout_gap=gap, rollout_weights=weights)
     return Experience.from_row_tensors(
-        tensors, rollout=rollout, update_forward=statistics.update_forward, mismatch=mismatch
-    )
+        tensors, rollout=rollout, update_forward=statistics.update_forward, mismatch=mismatch,
+        estimator_inputs=dict(estimator_inputs or {}),
+    )  # fmt: skip

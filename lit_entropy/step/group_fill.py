@@ -21,6 +21,7 @@ from torch import Tensor
 from lit_entropy.distributed.collectives import all_gather_equal, all_gather_objects, is_distributed
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.settings import RFTSettings
+from lit_entropy.step.estimator_inputs import PER_PROMPT_KEYS
 from lit_entropy.step.schedule import schedule_horizon
 
 __all__ = [
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 _ROLLOUT_KEYS = ("sequences", "attention_mask", "response_mask", "rollout_logprobs")
+# Batch lists with one item per prompt, kept or dropped with its group (the estimator's inputs too: remax's greedy
+# baseline, the reward's named components).
+_PROMPT_KEYS = ("prompts", "answers", "classes", *PER_PROMPT_KEYS)
 
 
 def informative_groups(rewards: Tensor, group_size: int, correct_threshold: float) -> Tensor:
@@ -133,7 +137,7 @@ class GroupFill:
                 "rewards": rewards[rows.to(rewards.device)],
                 "completions": [completions[i] for i in rows.tolist()],
             }
-            for key in ("prompts", "answers", "classes"):
+            for key in _PROMPT_KEYS:
                 if key in batch:
                     piece[key] = [batch[key][i] for i in kept.tolist()]
             selected = rollout.select(rows.to(rollout.sequences.device))
@@ -161,7 +165,7 @@ class GroupFill:
             "input_ids": left_pad_cat([p["input_ids"] for p in pieces], pad_token_id),
             "attention_mask": left_pad_cat([p["prompt_attention_mask"] for p in pieces], 0),
         }
-        for key in ("prompts", "answers", "classes"):
+        for key in _PROMPT_KEYS:
             if key in pieces[0]:
                 batch[key] = [item for p in pieces for item in p[key]]
         rewards = torch.cat([p["rewards"] for p in pieces])
@@ -180,7 +184,7 @@ class GroupFill:
 
 def _head(piece: dict[str, Any], groups: int, rows: int) -> dict[str, Any]:
     """The first ``groups`` groups (``rows`` rows) of a piece."""
-    per_group = {"input_ids", "prompt_attention_mask", "prompts", "answers", "classes"}
+    per_group = {"input_ids", "prompt_attention_mask", *_PROMPT_KEYS}
     return {k: v[:groups] if k in per_group else (None if v is None else v[:rows]) for k, v in piece.items()}
 
 

@@ -84,6 +84,12 @@ class ModelLifecycle(LightningModule):
             self.model_name_or_path, list(self.stop_ids) or None, eos if pad is None else pad, seed
         )
 
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The EOS ids of setup (tokenizer + generation config; before setup the tokenizer's): a completion ending
+        in one of them stopped; none = only the length decides."""
+        eos = self.stop_ids or self.tokenizer.eos_token_id
+        return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+
     def teardown(self, stage: str) -> None:
         self.rollouts.close()
         # Only an engine this module started is closed; one started by the user belongs to the user.

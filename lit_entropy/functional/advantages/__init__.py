@@ -30,6 +30,8 @@ from lit_entropy.functional.advantages.peers import (
     grpo_passk_estimator,
     opo_advantages,
     opo_estimator,
+    remax_advantages,
+    remax_estimator,
 )
 
 # isort: on
@@ -52,6 +54,8 @@ __all__ = [
     "opo_advantages",
     "opo_estimator",
     "reinforce_plus_plus_baseline_estimator",
+    "remax_advantages",
+    "remax_estimator",
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "whiten",

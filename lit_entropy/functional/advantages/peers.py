@@ -1,5 +1,5 @@
-"""The peers' newer group estimators: Pass@k-GRPO (``grpo_passk``), OPO (``opo``) and GDPO (``gdpo``), as verl 0.9.1
-registers them.
+"""The peers' newer estimators: Pass@k-GRPO (``grpo_passk``), OPO (``opo``), GDPO (``gdpo``) and ReMax (``remax``), as
+verl 0.9.1 registers them.
 
 - ``grpo_passk`` (arXiv 2503.19595; verl's ``compute_grpo_passk_outcome_advantage``): in each group only the
   best response learns, with advantage ``r_max - r_second``, divided by the group's std plus ``1e-6`` under
@@ -13,6 +13,12 @@ registers them.
   within its group on its own (GRPO), the results summed with weights, and the sum whitened over the batch's
   valid tokens. The components come as ``reward_components`` ``[N, K]``; without them the reward itself is the
   one component (verl's fallback), i.e. GRPO's advantages whitened over the batch.
+- ``remax`` (ReMax, arXiv 2310.10505; verl's ``compute_remax_outcome_advantage``): ``A = r - b`` with ``b`` the
+  reward of the prompt's *greedy* completion, ``reward_baselines`` ``[N]`` (one per row, the same for a prompt's
+  samples). No std scaling (``model.advantages.scale`` is not read). The training step generates and scores that
+  greedy completion per prompt, as verl's trainer does, when the estimator is registered with
+  ``needs_greedy_baseline=True``. The paper samples one completion per prompt; any group size works (each sample
+  gets the same baseline).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ __all__ = [
     "grpo_passk_estimator",
     "opo_advantages",
     "opo_estimator",
+    "remax_advantages",
+    "remax_estimator",
 ]
 
 
@@ -137,3 +145,46 @@ def gdpo_estimator(
         raise ValueError(f"reward_weights has {len(weights)} weights for {components.shape[1]} reward components")
     total = sum(w * grpo_advantages(components[:, k], group_size, scale=scale) for k, w in enumerate(weights))
     return whiten(on_valid_tokens(torch.as_tensor(total), mask), mask), None
+
+
+def remax_advantages(rewards: Tensor, baselines: Tensor) -> Tensor:
+    """``[N]``: each sample's reward minus its prompt's greedy-completion reward (``baselines`` ``[N]``)."""
+    if baselines.shape != rewards.shape:
+        raise ValueError(
+            f"reward_baselines must hold one greedy-completion reward per row, shape {tuple(rewards.shape)}, "
+            f"got {tuple(baselines.shape)}"
+        )
+    return as_floating(rewards) - baselines.to(as_floating(rewards).dtype)
+
+
+@register_advantage_estimator("remax", needs_greedy_baseline=True)
+def remax_estimator(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    **extra: Any,
+) -> tuple[Tensor, None]:
+    """The registered ``remax`` estimator: ``r - b`` on every valid token, ``b`` the greedy completion's reward.
+
+    Args:
+        token_rewards: ``[N, T]``; a row's reward is its sum.
+        mask: ``[N, T]`` bool.
+        group_size: samples per prompt (not read: the baseline comes per row).
+        values: not read (no critic).
+        reward_baselines: ``[N]`` the reward of a greedy completion of each row's prompt.
+
+    Raises:
+        ValueError: ``reward_baselines`` is missing or not one per row.
+    """
+    check_token_shapes(token_rewards, mask)
+    if reward_baselines is None:
+        raise ValueError(
+            "remax needs reward_baselines [N], the reward of a greedy completion of each row's prompt (the training "
+            "step passes them for an estimator registered with needs_greedy_baseline=True)"
+        )
+    mask = as_bool_mask(mask)
+    advantages = remax_advantages(token_rewards.sum(dim=-1), reward_baselines.to(token_rewards.device))
+    return on_valid_tokens(advantages, mask), None

@@ -156,7 +156,7 @@ def compute_reward_scores(
             f"strings) to one number per completion, got keys {_short_repr(list(values))}"
         )
     components = {
-        name: check_rewards(f"{fn_name}[{name!r}]", part, len(completions), setting=setting)
+        name: check_rewards(f"{fn_name}[{name}]", part, len(completions), setting=setting)
         for name, part in values.items()
     }
     total = sum(float((weights or {}).get(name, 1.0)) * part for name, part in components.items())

@@ -7,6 +7,7 @@ and holed masks (verl skips observation tokens as we skip invalid ones), finite 
 
 Names: ``grpo`` = ``compute_grpo_outcome_advantage`` (``scale: group`` = ``norm_adv_by_std_in_grpo=True``, verl's
 epsilon 1e-6 on the unbiased std as ours; ``scale: none`` = ``False``; ``scale: batch`` has no verl counterpart);
+``remax`` = ``compute_remax_outcome_advantage`` (the greedy rewards given per row);
 ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline`` = verl's estimators of the same names, groups
 given to verl as an ``index`` array; ``gae`` = ``compute_gae_advantage_return`` (whitened advantages, as our
 ``whiten_advantages: true``; compared on the valid tokens, where verl's returns hold values, ours 0 elsewhere).
@@ -229,3 +230,21 @@ def test_gdpo_equals_verls(components):
         else:
             on_mask(ours, theirs.to(F64), mask, where)
     assert compared >= 10 or not components
+
+
+def test_remax_equals_verls():
+    """ReMax: each sample's reward minus its prompt's greedy-completion reward (given per row, as verl's
+    ``reward_baselines`` after its batch repeat); groups of 1 too (the paper's one sample per prompt)."""
+    for seed in SEEDS:
+        case = make_case(seed)
+        mask, n, group = case["mask"], case["rewards"].shape[0], case["group"] if seed % 4 else 1
+        g = torch.Generator().manual_seed(seed)
+        greedy = torch.rand(n // group, generator=g, dtype=F64) * (seed % 3 != 1)  # 0 baselines now and then
+        baselines = greedy.repeat_interleave(group)
+        ours, _ = ADVANTAGE_ESTIMATORS["remax"](
+            case["token_rewards"], mask, group_size=group, reward_baselines=baselines
+        )
+        theirs, _ = VERL.core_algos.compute_remax_outcome_advantage(
+            case["token_rewards"].clone(), baselines.clone(), mask.to(F64), config=VERL.AlgoConfig()
+        )
+        on_mask(ours, theirs, mask, f"remax seed={seed}")

@@ -10,6 +10,12 @@ import torch
 
 from lit_entropy.rollout import RolloutBatch
 from lit_entropy.settings import RFTSettings, TrainingSamplingConfig
+from lit_entropy.step.estimator_inputs import (
+    REWARD_BASELINES,
+    REWARD_COMPONENTS,
+    estimator_inputs,
+    per_prompt_components,
+)
 from lit_entropy.step.group_fill import GroupFill, advance_fill, cat_rollouts, informative_groups
 
 PAD = 0
@@ -115,6 +121,30 @@ def test_a_fill_survives_a_checkpoint_round_trip():
     original, restored = fill.take(1, PAD), again.take(1, PAD)
     assert torch.equal(original.rollout.sequences, restored.rollout.sequences)
     assert original.completions == restored.completions == ["1/0", "1/1"]
+
+
+def test_a_fill_keeps_the_estimators_per_prompt_inputs_with_their_groups():
+    """remax's greedy baselines and the reward's named components follow their prompts through the fill (and a
+    checkpoint of it), so the update's estimator reads the kept groups' own values."""
+    gens = []
+    for answers, rewards in ((["1", "2", "3"], [1, 1, 1, 0, 0, 1]), (["4", "5", "6"], [0, 0, 1, 0, 1, 1])):
+        batch, rollout, scored, completions = _generation(answers, rewards)
+        batch[REWARD_BASELINES] = [float(a) / 10 for a in answers]
+        batch[REWARD_COMPONENTS] = per_prompt_components({"c": scored.float(), "n": -scored.float()}, 2)
+        gens.append((batch, rollout, scored, completions))
+    step = _advance(GroupFill(), gens[0])
+    buffer = io.BytesIO()
+    torch.save(step.fill.state_dict(), buffer)
+    buffer.seek(0)
+    step = _advance(GroupFill.from_state_dict(torch.load(buffer, weights_only=True)), gens[1])
+    assert (step.done, step.train_groups) == (True, 3)
+    taken = step.fill.take(3, PAD)
+    assert taken.batch["answers"] == ["2", "3", "5"]
+    inputs = estimator_inputs(taken.batch, 2, {"n": 0.5})
+    assert inputs["reward_baselines"].tolist() == pytest.approx([0.2, 0.2, 0.3, 0.3, 0.5, 0.5])
+    assert inputs["reward_component_names"] == ("c", "n") and inputs["reward_weights"] == [1.0, 0.5]
+    assert inputs["reward_components"][:, 0].tolist() == taken.rewards.tolist() == [1, 0, 0, 1, 1, 0]
+    assert torch.equal(inputs["reward_components"][:, 1], -inputs["reward_components"][:, 0])
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise ValueError(f"storage_options is not supported by AtomicCheckpointIO, got {storage_options!r}")
         if "://" in str(path) and not str(path).startswith("file://"):
-            super().save_checkpoint(checkpoint, path)
+            super().save_checkpoint(checkpoint, str(path))
             return
         target = Path(str(path).removeprefix("file://"))
         with disk_full_message(target):
@@ -63,7 +63,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 with os.fdopen(fd, "wb") as handle:
                     writer = _RecordingWriter(handle)
                     try:
-                        torch.save(checkpoint, writer)
+                        # a file-like object is all torch.save needs; its annotation asks for an IO[bytes]
+                        torch.save(checkpoint, writer)  # type: ignore[arg-type]
                     except RuntimeError as err:
                         # torch's zip writer turns the file's OSError into "[enforce fail at
                         # inline_container.cc] unexpected pos": raise the OSError it hid.
@@ -135,7 +136,7 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
 
     Returns the removed paths. Temporaries of other hosts (shared file systems) or live processes are kept.
     """
-    removed = []
+    removed: list[Path] = []
     host = _host_tag()
     try:
         entries = list(Path(directory).iterdir())

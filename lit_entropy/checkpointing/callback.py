@@ -159,7 +159,7 @@ class ResumableCheckpointing(Callback):
             states = [None] * world
             dist.all_gather_object(states, state)
         checkpoint[_RNG_KEY] = states
-        fingerprint = data_fingerprint(getattr(trainer.datamodule, "train_dataset", None))
+        fingerprint = data_fingerprint(getattr(getattr(trainer, "datamodule", None), "train_dataset", None))
         if fingerprint is not None:
             checkpoint[FINGERPRINT_KEY] = fingerprint
         if self._saving_mid_step:

@@ -14,7 +14,8 @@ __all__ = ["get_rng_state", "set_rng_state"]
 def get_rng_state() -> dict[str, Any]:
     """This process's torch (CPU and current CUDA device), numpy and Python RNG states."""
     # Plain containers and tensors only, so ``torch.load(weights_only=True)`` accepts the checkpoint.
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # legacy: the tuple
+    assert isinstance(keys, np.ndarray)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],

@@ -227,7 +227,7 @@ class RFTCLI(LightningCLI):
             return
         saved = read_checkpoint_hparams(ckpt_path)
         given = self._command_line  # re-parsed without defaults to tell the explicit settings
-        explicit = {"model": {}, "data": {}}
+        explicit: dict[str, dict[str, Any]] = {"model": {}, "data": {}}
         if given is not None:
             namespace = self.parser.parse_args(given, defaults=False)[subcommand]
             for section in explicit:
@@ -382,7 +382,7 @@ def keep_last_checkpoint(trainer: Trainer, trainer_config: Any) -> None:
     configured = configured if isinstance(configured, list) else [configured]
     if any("ModelCheckpoint" in str(_class_path(c)) for c in configured):
         return
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # Lightning sets Trainer.callbacks in a connector, unseen by its typing
         if type(callback) is ModelCheckpoint and not callback.save_last:
             callback.save_last = True
 

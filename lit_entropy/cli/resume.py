@@ -98,7 +98,9 @@ def resolve_null_loss_agg_mode(saved_model: dict[str, Any], explicit_model: dict
     given = explicit_model.get("loss")
     if not (isinstance(given, dict) and "loss_agg_mode" in given and given["loss_agg_mode"] is None):
         return
-    saved_loss = saved_model.get("loss") if isinstance(saved_model.get("loss"), dict) else {}
+    saved_loss = saved_model.get("loss")
+    if not isinstance(saved_loss, dict):
+        saved_loss = {}
     name = given.get("policy_loss") or saved_loss.get("policy_loss") or "ppo"
     if name in POLICY_LOSSES:
         given["loss_agg_mode"] = default_loss_agg_mode(name)

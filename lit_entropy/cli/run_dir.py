@@ -79,7 +79,7 @@ def place_logger(
         run = Path(log_dir)
     version = init.get("version")
     ours = run is not None and version in (None, run.name) and _same(run.parent, root)
-    if ours:
+    if ours and run is not None:
         init["version"] = run.name
     if subcommand in ("validate", "test") and init.get("sub_dir") is None:
         version_dir = root / str(init["version"]) if init.get("version") is not None else None

@@ -104,6 +104,7 @@ class PromptDataModule(LightningDataModule):
             ``operations``).
         cache_dir: ``datasets`` cache directory (None: the library default).
     """
+
     # The arguments, kept as attributes of the same names by __init__ (declared here for readers and type checkers).
     train_dataset: str
     val_dataset: str | None

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -184,5 +184,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     Without FSDP2 it is the plain state dict on CPU.
     """
     if isinstance(model, FSDPModule):
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch types the values as any state value (optimizer states too); a model's are its tensors.
+        return cast(dict[str, torch.Tensor], state)
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -142,7 +142,9 @@ def hpc_resume_path_in(directory: str | Path) -> Path | None:
     """
     if not Path(directory).is_dir():
         return None
-    newest = _CheckpointConnector._CheckpointConnector__max_ckpt_version_in_folder(str(directory), "hpc_ckpt_")
+    # A name-mangled private of Lightning's, which its typing does not expose.
+    find = _CheckpointConnector._CheckpointConnector__max_ckpt_version_in_folder  # type: ignore[attr-defined]
+    newest = find(str(directory), "hpc_ckpt_")
     return None if newest is None else Path(directory) / f"hpc_ckpt_{newest}.ckpt"
 
 

@@ -72,12 +72,13 @@ class StepValueMetric(Metric):
         snapshot = self.__dict__.get("_step_snapshot") or self._defaults
         window = {}
         for name, value in current.items():
-            if not isinstance(value, Tensor):
+            base = snapshot[name]
+            if not isinstance(value, Tensor) or not isinstance(base, Tensor):
                 raise TypeError(f"{type(self).__name__}: state {name!r} must be a tensor to log step values")
             if name in self._constant_states:
                 window[name] = value
             elif self._reductions[name] is dim_zero_sum:
-                window[name] = value - snapshot[name].to(value)
+                window[name] = value - base.to(value)
             else:
                 raise TypeError(
                     f"{type(self).__name__}: state {name!r} is neither summed nor in _constant_states, "
@@ -100,7 +101,8 @@ class StepValueMetric(Metric):
         # Moving or casting the metric must neither compute nor restart the window of updates.
         self.__dict__["_step_raw"] = True
         try:
-            return super()._apply(fn, exclude_state=exclude_state)
+            super()._apply(fn, exclude_state=exclude_state)  # moves this metric in place (and returns it)
+            return self
         finally:
             self.__dict__["_step_raw"] = False
 
@@ -119,9 +121,12 @@ class Float64StateMetric(StepValueMetric):
     def _apply(self, fn: Callable, exclude_state: Sequence[str] = "") -> Metric:
         keep = () if self._dtype_convert else self._float64_states
         excluded = [exclude_state] if isinstance(exclude_state, str) else list(exclude_state)
-        this = super()._apply(fn, exclude_state=[*excluded, *keep])
+        super()._apply(fn, exclude_state=[*excluded, *keep])  # moves this metric in place (and returns it)
         # The base class moved a probe tensor with ``fn`` and stored its device: follow it.
         for key in keep:
-            this._defaults[key] = this._defaults[key].to(this.device)
-            setattr(this, key, getattr(this, key).to(this.device))
-        return this
+            default = self._defaults[key]
+            if not isinstance(default, Tensor):
+                raise TypeError(f"{type(self).__name__}: float64 state {key!r} must be a tensor")
+            self._defaults[key] = default.to(self.device)
+            setattr(self, key, getattr(self, key).to(self.device))
+        return self

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,10 +13,13 @@ from lit_entropy.models.lora import apply_lora, has_lora, trainable_count
 from lit_entropy.models.packaged import resolve_model_path
 from lit_entropy.models.paths import check_model_dir
 
+if TYPE_CHECKING:  # transformers takes ~2 s to import; only the annotations need it here
+    from transformers import PreTrainedModel
+
 __all__ = ["RFTModels", "check_context_length", "eos_token_ids", "load_causal_lm", "load_rft_models", "load_tokenizer"]
 
 
-def load_causal_lm(path: str, dtype: str, setting: str) -> nn.Module:
+def load_causal_lm(path: str, dtype: str, setting: str) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype`` (``"auto"`` = the checkpoint's).
 
     Args:
@@ -96,9 +99,9 @@ class RFTModels:
         value_head: ``Linear(hidden, 1)`` on the critic or the policy (PPO), zero-initialised, or None.
     """
 
-    policy: nn.Module
-    ref_model: nn.Module | None = None
-    critic: nn.Module | None = None
+    policy: PreTrainedModel
+    ref_model: PreTrainedModel | None = None
+    critic: PreTrainedModel | None = None
     value_head: nn.Linear | None = None
 
 
@@ -131,7 +134,7 @@ def load_rft_models(settings: Any, model_name_or_path: str) -> RFTModels:
     return models
 
 
-def _add_adapters(policy: nn.Module, lora: Any, kl: bool) -> None:
+def _add_adapters(policy: PreTrainedModel, lora: Any, kl: bool) -> None:
     """Inject ``lora`` (a :class:`~lit_entropy.settings.LoraConfig`) into ``policy``; one log line with the counts."""
     # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -144,7 +147,7 @@ def _add_adapters(policy: nn.Module, lora: Any, kl: bool) -> None:
     )
 
 
-def _report_vocabulary_path(policy: nn.Module, blockwise: bool) -> None:
+def _report_vocabulary_path(policy: PreTrainedModel, blockwise: bool) -> None:
     """One log line saying how log-probs and entropy are computed over the vocabulary."""
     # deferred: Lightning takes seconds to import, and lit_entropy.models imports without it
     from lightning.pytorch.utilities.rank_zero import rank_zero_info

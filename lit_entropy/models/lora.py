@@ -19,10 +19,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from safetensors.torch import save_file
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # peft is optional (the lora extra); only the annotations need it here
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
 __all__ = [
     "ADAPTER_NAME",
@@ -93,7 +96,7 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_mo
     return model
 
 
-def _lora_layers(model: nn.Module) -> list[nn.Module]:
+def _lora_layers(model: nn.Module) -> list[BaseTunerLayer]:
     # optional dependency (the lora extra): imported only once LoRA is on
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -201,7 +204,8 @@ def save_adapter(model: nn.Module, state: dict[str, Tensor], path: Path, base_mo
         path: an existing directory.
         base_model: recorded as ``base_model_name_or_path`` (what the adapter was trained on).
     """
-    config = model.peft_config[ADAPTER_NAME]
+    # peft's inject_adapter_in_model sets ``peft_config`` on the model: an attribute nn.Module's typing cannot know.
+    config = cast(dict[str, Any], model.__dict__["peft_config"])[ADAPTER_NAME]
     saved = config.to_dict()
     saved.update(base_model_name_or_path=base_model, task_type="CAUSAL_LM", inference_mode=True)
     saved = {k: sorted(v) if isinstance(v, set) else v for k, v in saved.items()}

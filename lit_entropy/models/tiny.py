@@ -39,7 +39,8 @@ def build_qwen2(
     # deferred: the Qwen2 model code takes ~1 s to import (on top of transformers); only building a model needs it
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
+    # transformers' typed Qwen2Config signature omits head_dim, which the config still takes and stores (kwargs).
+    config = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,

@@ -44,7 +44,7 @@ class ConsoleMetrics(Callback):
         return None if self.stream is None and stream.isatty() else stream
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not any(isinstance(cb, ModelSummary) for cb in trainer.callbacks):
+        if not any(isinstance(cb, ModelSummary) for cb in trainer.callbacks):  # type: ignore[attr-defined]  # Lightning sets Trainer.callbacks in a connector, unseen by its typing
             rank_zero_info(parameter_line(pl_module))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -69,7 +69,9 @@ class ConsoleMetrics(Callback):
         if stream is None:
             return
         step = trained_batches(trainer) - 1  # this batch's; its scalars are logged at this step
-        if (step + 1) % max(trainer.log_every_n_steps, 1) and not trainer.should_stop and step not in self._evaluations:
+        # Lightning sets Trainer.log_every_n_steps in a connector, unseen by its typing.
+        every: int = trainer.log_every_n_steps  # type: ignore[attr-defined]
+        if (step + 1) % max(every, 1) and not trainer.should_stop and step not in self._evaluations:
             return
         values = batch_step_values(trainer)
         if step in self._evaluations or any(key in values for _, key in self.KEYS):

@@ -439,8 +439,8 @@ def informative_groups(rewards: Tensor, group_size: int) -> list[int]:
         rewards: ``[prompts * group_size]``, ``group_size`` consecutive rewards per prompt.
         group_size: samples per prompt.
     """
-    spread = rewards.detach().double().cpu().view(-1, group_size).std(-1, unbiased=False)
-    spread = [round(value, 9) for value in spread.tolist()]  # groups with the same rewards in another order tie
+    stds = rewards.detach().double().cpu().view(-1, group_size).std(-1, unbiased=False)
+    spread = [round(value, 9) for value in stds.tolist()]  # groups with the same rewards in another order tie
     return sorted(range(len(spread)), key=lambda index: -spread[index])
 
 

@@ -54,12 +54,16 @@ class SampleEvaluator(nn.Module):
         self.class_sums = torch.zeros(0, 2, dtype=torch.float64)  # per class: sum of per-prompt avg, prompts
         self.k: int | None = None
 
+    def _pass_metrics(self) -> list[PassAtK]:
+        """The ``pass@k`` metrics (held in a ModuleDict, so they move with the module)."""
+        return [metric for metric in self.passes.values() if isinstance(metric, PassAtK)]
+
     def reset(self, classes: list[str] | None = None) -> None:
         """Start an epoch; ``classes``: every class name of the evaluation data (the same on every rank)."""
         # Lightning resets logged metrics inside its evaluation context, which may be inference
         # mode; states created there could not be updated by a later no-grad validation pass.
         with torch.inference_mode(False):
-            for metric in (self.avg, self.reward, self.non_binary, *self.passes.values()):
+            for metric in (self.avg, self.reward, self.non_binary, *self._pass_metrics()):
                 metric.reset()
         self.reward_range = None
         self.classes = list(classes or [])
@@ -86,7 +90,7 @@ class SampleEvaluator(nn.Module):
         correct = (rewards >= self.correct_threshold).view(-1, k)
         self.k = k
         self.avg.update(correct)
-        for metric in self.passes.values():
+        for metric in self._pass_metrics():
             metric.update(correct)
         self.reward.update(rewards.float())
         self.non_binary.update(((rewards != 0) & (rewards != 1)).sum().float())
@@ -96,9 +100,9 @@ class SampleEvaluator(nn.Module):
             self.class_sums.index_add_(0, index, torch.stack([per_prompt, torch.ones_like(per_prompt)], -1))
         size = correct.shape[0]
         log(f"{prefix}/avg@{k}", self.avg, on_epoch=True, prog_bar=True, batch_size=size)
-        for kk, metric in self.passes.items():
+        for kk, pass_metric in self.passes.items():
             if kk != "1":
-                log(f"{prefix}/pass@{kk}", metric, on_epoch=True, batch_size=size)
+                log(f"{prefix}/pass@{kk}", pass_metric, on_epoch=True, batch_size=size)
         lengths = rollout.response_mask.sum(-1).float().mean()
         log(f"{prefix}/length/mean", lengths, on_epoch=True, batch_size=size, sync_dist=True)
 

@@ -56,7 +56,8 @@ def method_callbacks(trainer: Trainer) -> list[Any]:
         *protocol.token_penalty_providers(trainer),
         *protocol.loss_coefficient_providers(trainer),
     ]
-    return [callback for callback in trainer.callbacks if any(callback is other for other in acting)]
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # Lightning sets Trainer.callbacks in a connector, unseen by its typing
+    return [callback for callback in callbacks if any(callback is other for other in acting)]
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:

@@ -30,7 +30,8 @@ __all__ = ["LOG_DIR_KEY", "StepAxis", "checkpoint_log_dir", "checkpoint_trained_
 
 def trained_batches(trainer: Trainer) -> int:
     """Rollout batches whose update is in the weights (all epochs, resumed runs included)."""
-    return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)
+    # Lightning types ``total`` as a tracker without ``processed``; a batch progress holds a processed tracker.
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)  # type: ignore[attr-defined]
 
 
 def checkpoint_trained_batches(checkpoint: dict[str, Any]) -> int:

@@ -142,7 +142,13 @@ def explain_sampling_failure(trainer: Trainer | None, error: BaseException) -> s
     """Why sampling failed, when the cause is the policy's weights (an exploded update made its scores
     non-finite); None for any other failure."""
     health = next((cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, PolicyHealth)), None)
-    if health is None or "exploded" not in health.warned or not health.start_norm or health.last_norm is None:
+    if (
+        trainer is None
+        or health is None
+        or "exploded" not in health.warned
+        or not health.start_norm
+        or health.last_norm is None
+    ):
         return None
     ratio = health.last_norm / health.start_norm
     return (

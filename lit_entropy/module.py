@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
+from lit_entropy.agents import MultiTurnConfig, MultiTurnRollout
 from lit_entropy.async_rollout import AsyncRolloutConfig, rollout_source, staleness_settings
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
@@ -71,7 +72,7 @@ from lit_entropy.step.schedule import optimizer_step_rows
 from lit_entropy.step.skips import SkippedUpdates
 from lit_entropy.step.statistics import reuses_statistics_forward, statistics_pass
 from lit_entropy.step.token_requests import apply_token_requests
-from lit_entropy.training.health import PolicyDiverged, explain_sampling_failure
+from lit_entropy.training.health import sampling_failures
 from lit_entropy.training.lifecycle import ModelLifecycle
 
 __all__ = ["RFTModule"]
@@ -102,6 +103,7 @@ class RFTModule(ModelLifecycle):
         rollout: the rollout engine (``class_path``); null = Hugging Face ``generate`` on the policy.
         logging: sample logging and export.
         async_rollout: generate the next batches while the trainer updates (bounded staleness); null = synchronous.
+        multi_turn: multi-turn / tool-calling trajectories with an environment; null = one completion per prompt.
     """
 
     def __init__(
@@ -119,10 +121,12 @@ class RFTModule(ModelLifecycle):
         rollout: RolloutEngine | None = None,
         logging: LoggingConfig = LoggingConfig(),
         async_rollout: AsyncRolloutConfig | None = None,
+        multi_turn: MultiTurnConfig | None = None,
     ) -> None:
         super().__init__()
         groups = dict(policy=policy, algorithm=algorithm, sampling=sampling, reward=reward, advantages=advantages)
         groups.update(loss=loss, ppo=ppo, update=update, optim=optim, evaluation=evaluation, logging=logging)
+        groups.update(multi_turn=multi_turn)
         self.async_rollout = AsyncRolloutConfig.of(async_rollout)  # stale samples: the rollout correction by default
         self.settings = staleness_settings(RFTSettings.build(**groups), self.async_rollout)
         self.save_hyperparameters(self.settings.to_hparams() | AsyncRolloutConfig.hparams(self.async_rollout))
@@ -130,6 +134,7 @@ class RFTModule(ModelLifecycle):
         self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path, convert=False)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
         self.rollout_engine = default_rollout_engine(rollout)
+        self.multi_turn = MultiTurnRollout.of(self.settings)  # None for single-turn rollouts
         self.rollouts = rollout_source(self.async_rollout, self.rollout_engine)  # each step's, or a worker's ahead
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
         self.dashboard = TrainDashboard()
@@ -184,16 +189,10 @@ class RFTModule(ModelLifecycle):
 
     def generate(self, batch: Batch, sampling: SamplingConfig) -> RolloutBatch:
         """Sample ``sampling.num_samples`` completions per prompt of ``batch`` with the rollout engine."""
-        try:
+        with sampling_failures(attached_trainer(self), self.rollout_engine):
+            if self.multi_turn is not None:
+                return self.multi_turn.generate(self.rollout_engine, self.policy, batch, sampling)
             return self.rollout_engine.generate(self.policy, batch["input_ids"], batch["attention_mask"], sampling)
-        except Exception as error:
-            cause = explain_sampling_failure(attached_trainer(self), error)  # exploded weights, not the engine
-            if cause is not None:
-                raise PolicyDiverged(cause) from error
-            raise RuntimeError(
-                f"rollout engine failed: {type(self.rollout_engine).__name__}.generate raised "
-                f"{type(error).__name__}: {error}"
-            ) from error
 
     def score(self, batch: Batch, rollout: RolloutBatch, num_samples: int) -> tuple[Tensor, list[str]]:
         """Rewards ``[N]`` (float32) and the decoded completions of ``rollout``; a reward's named components go to

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from lit_entropy.agents.scoring import score_trajectories
 from lit_entropy.extensions import import_object
 from lit_entropy.rollout.base import RolloutBatch
 
@@ -191,6 +192,9 @@ def score_rollout(
         num_samples: samples per prompt (the group size).
         weights: ``model.reward.component_weights``.
     """
+    if rollout.trajectories is not None:  # multi-turn rows: the last policy turns, plus the environment's reward
+        args = (compute_reward_scores, fn, fn_name, rollout.trajectories, answers, num_samples, weights)
+        return score_trajectories(*args)
     responses = rollout.responses.masked_fill(~rollout.response_mask, tokenizer.pad_token_id or 0)
     completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
     rows = [a for a in answers for _ in range(num_samples)]

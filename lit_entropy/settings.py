@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.cli import OptimizerCallable
 
+from lit_entropy.agents.config import MultiTurnConfig
 from lit_entropy.extensions.imports import import_object
 from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
 from lit_entropy.functional.checks import check_choice, check_flag, check_number
@@ -374,6 +375,7 @@ class RFTSettings:
     optim: OptimConfig
     evaluation: EvaluationConfig
     logging: LoggingConfig
+    multi_turn: MultiTurnConfig | None = None
 
     @classmethod
     def build(cls, **groups: Any) -> RFTSettings:
@@ -387,7 +389,7 @@ class RFTSettings:
             raise TypeError(f"unknown RFTModule settings {unknown}")
         values: dict[str, Any] = {"algorithm": groups.get("algorithm", "grpo")}
         for name, group in _GROUP_TYPES.items():
-            value = groups.get(name, None if name == "ppo" else group())
+            value = groups.get(name, None if name in ("ppo", "multi_turn") else group())
             values[name] = group(**value) if isinstance(value, Mapping) else value
         values["sampling"] = TrainingSamplingConfig.of(values["sampling"])
         if values["algorithm"] == "ppo" and values["ppo"] is None:
@@ -449,4 +451,5 @@ _GROUP_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "logging": LoggingConfig,
+    "multi_turn": MultiTurnConfig,
 }

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.functional.checks import check_number
+from lit_entropy.rollout.trajectories import Trajectories
 
 __all__ = [
     "MAX_TEMPERATURE",
@@ -68,21 +69,30 @@ class RolloutBatch:
         attention_mask: ``[N, P + T]`` 1 on real prompt and response tokens.
         response_mask: ``[N, T]`` bool, True on response tokens up to and including the first EOS.
         rollout_logprobs: ``[N, T]`` log-probs the engine sampled with, or None if it does not report them.
+        environment_mask: multi-turn only: ``[N, T]`` bool, True on environment tokens (tool results, observations,
+            the chat template's turn markers), which the response mask leaves out: they are context, never trained
+            on. The response columns a row uses are then its response and environment tokens (attention 1).
+        trajectories: multi-turn only: each row's turns, tool calls, stop reason, conversation, environment.
     """
 
     sequences: Tensor
     attention_mask: Tensor
     response_mask: Tensor
     rollout_logprobs: Tensor | None = None
+    environment_mask: Tensor | None = None
+    trajectories: Trajectories | None = None
 
     def select(self, index: Tensor | slice) -> RolloutBatch:
         """The rows ``index`` (a slice keeps views, an index tensor copies)."""
         logprobs = None if self.rollout_logprobs is None else self.rollout_logprobs[index]
+        environment = None if self.environment_mask is None else self.environment_mask[index]
         return RolloutBatch(
             sequences=self.sequences[index],
             attention_mask=self.attention_mask[index],
             response_mask=self.response_mask[index],
             rollout_logprobs=logprobs,
+            environment_mask=environment,
+            trajectories=None if self.trajectories is None else self.trajectories.select(index),
         )
 
     @property

@@ -250,7 +250,12 @@ def build_experience(
     advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values, estimator_inputs)
     loss_mask = mask
     if settings.loss.mask_truncated:
-        truncated = truncated_rows(rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
+        if rollout.trajectories is not None:  # multi-turn: the budget ran out (a turn may end in EOS and still be cut)
+            truncated = rollout.trajectories.truncated
+        else:
+            truncated = truncated_rows(
+                rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids
+            )
         loss_mask = mask & ~truncated.unsqueeze(-1)
     gap = weights = mismatch = None
     if rollout.rollout_logprobs is not None:

@@ -39,9 +39,10 @@ __all__ = [
 
 
 def row_lengths(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
-    """Real prompt and response token counts ``([N], [N])`` (long) of each row."""
+    """Real prompt and response token counts ``([N], [N])`` (long) of each row; a multi-turn row's response counts
+    its environment tokens too (attention 1 after the prompt; single-turn: exactly the response mask)."""
     prompt = rollout.attention_mask[:, : rollout.prompt_length].long().sum(-1)
-    return prompt, rollout.response_mask.long().sum(-1)
+    return prompt, rollout.attention_mask[:, rollout.prompt_length :].long().sum(-1)
 
 
 def micro_batch_tokens(prompt: Tensor, response: Tensor, *, packed: bool) -> int:
@@ -119,12 +120,14 @@ def trim_rollout(rollout: RolloutBatch) -> RolloutBatch:
     width = int(response.max()) if response.numel() else 0
     start = rollout.prompt_length - (int(prompt.max()) if prompt.numel() else 0)
     stop = rollout.prompt_length + max(width, 1)
-    logprobs = rollout.rollout_logprobs
+    logprobs, environment = rollout.rollout_logprobs, rollout.environment_mask
     return RolloutBatch(
         sequences=rollout.sequences[:, start:stop],
         attention_mask=rollout.attention_mask[:, start:stop],
         response_mask=rollout.response_mask[:, : max(width, 1)],
         rollout_logprobs=None if logprobs is None else logprobs[:, : max(width, 1)],
+        environment_mask=None if environment is None else environment[:, : max(width, 1)],
+        trajectories=rollout.trajectories,
     )
 
 

@@ -9,6 +9,8 @@ without a word.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ __all__ = [
     "PolicyDiverged",
     "PolicyHealth",
     "explain_sampling_failure",
+    "sampling_failures",
     "nonfinite_parameter",
 ]
 
@@ -157,6 +160,21 @@ def explain_sampling_failure(trainer: Trainer | None, error: BaseException) -> s
         f"{_step(trainer)}, so its scores are not finite; the learning rate is too large "
         f"(model.optim.lr={_learning_rate(trainer)})"
     )
+
+
+@contextmanager
+def sampling_failures(trainer: Trainer | None, engine: Any) -> Iterator[None]:
+    """Within the block (one rollout), an exception is re-raised as :class:`PolicyDiverged` when the policy's weights
+    exploded (:func:`explain_sampling_failure`), else as a RuntimeError naming ``engine``'s ``generate``."""
+    try:
+        yield
+    except Exception as error:
+        cause = explain_sampling_failure(trainer, error)  # exploded weights, not the engine
+        if cause is not None:
+            raise PolicyDiverged(cause) from error
+        raise RuntimeError(
+            f"rollout engine failed: {type(engine).__name__}.generate raised {type(error).__name__}: {error}"
+        ) from error
 
 
 def _policy(pl_module: LightningModule) -> torch.nn.Module:

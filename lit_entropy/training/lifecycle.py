@@ -78,6 +78,8 @@ class ModelLifecycle(LightningModule):
         needed = max(self.settings.sampling.max_new_tokens, evaluation.max_new_tokens)
         check_context_length(self.model_name_or_path, longest, needed)
         self.stop_ids = eos_token_ids(self.model_name_or_path, self.tokenizer)  # one EOS set for both engines
+        if getattr(self, "multi_turn", None) is not None:  # the chat-template check, before the first step
+            self.multi_turn.bind(self.tokenizer, self.stop_ids)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         seed = torch.initial_seed() % 2**31
         self.owns_rollout_engine |= self.rollout_engine.attach(

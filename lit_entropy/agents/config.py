@@ -1,0 +1,71 @@
+"""``model.multi_turn``: multi-turn and tool-calling rollouts (null = one completion per prompt)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lit_entropy.functional.checks import check_number
+
+__all__ = ["MultiTurnConfig"]
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """How a trajectory alternates between the policy and an environment (``model.multi_turn``).
+
+    One trajectory per sampled row: the policy writes a turn (ended by EOS), the environment answers (tool results,
+    or a text environment's observation), and so on, within one token budget, ``model.sampling.max_new_tokens``,
+    over the whole trajectory (policy and environment tokens). Environment tokens are context only: loss mask 0,
+    out of every statistic (docs/agents.md).
+    """
+
+    environment: str | dict[str, Any] | None = None
+    """The environment class, a fresh instance per trajectory: ``pkg.module:Class``, or ``{class_path: pkg.module.Class,
+    init_args: {...}}`` as Lightning writes classes.
+    A class with ``step`` is a text environment (``reset(row) -> observation``, ``step(text) -> (observation,
+    reward, done)``); any other is a tool environment (``reset(**row)`` may return a first message, its public
+    methods are tools, optional ``get_reward()``). Null: only ``tools``."""
+    tools: list[str] | None = None
+    """Stateless tools besides the environment's methods: ``pkg.module:function`` each (typed, with a Google-style
+    docstring: ``transformers.utils.get_json_schema`` turns it into the schema the chat template renders)."""
+    max_turns: int = 4
+    """Policy turns per trajectory at most (stop reason ``max_turns``)."""
+    max_tool_calls_per_turn: int = 4
+    """Tool calls executed per policy turn; further calls are answered with an error."""
+    max_tool_response_tokens: int = 256
+    """A tool result longer than this many tokens is cut there and marked ``...(truncated)``."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from a policy turn: ``hermes`` (``<tool_call>{"name", "arguments"}</tool_call>``)
+    or a name registered with `lit_entropy.agents.register_tool_parser`, or an import path ``pkg.module:fn``."""
+    chat_template: str | None = None
+    """A Jinja chat template that replaces the tokenizer's for the environment messages; null = the tokenizer's
+    own; a tokenizer without one renders environment messages as plain text (docs/agents.md)."""
+
+    def __post_init__(self) -> None:
+        prefix = "model.multi_turn."
+        check_number(f"{prefix}max_turns", self.max_turns, low=1, integer=True)
+        check_number(f"{prefix}max_tool_calls_per_turn", self.max_tool_calls_per_turn, low=1, integer=True)
+        check_number(f"{prefix}max_tool_response_tokens", self.max_tool_response_tokens, low=1, integer=True)
+        env = self.environment
+        if env is not None and not isinstance(env, str):
+            if not isinstance(env, Mapping) or not isinstance(env.get("class_path"), str):
+                raise ValueError(
+                    f"{prefix}environment must be 'pkg.module:Class' or {{class_path, init_args}}, got {env!r}"
+                )
+            unknown = sorted(set(env) - {"class_path", "init_args"})
+            if unknown or not isinstance(env.get("init_args", {}), Mapping):
+                raise ValueError(f"{prefix}environment: only class_path and a dict init_args are allowed, got {env!r}")
+        if self.tools is not None and (
+            isinstance(self.tools, str) or not all(isinstance(t, str) and t for t in self.tools)
+        ):
+            raise ValueError(f"{prefix}tools must be a list of 'pkg.module:function' strings, got {self.tools!r}")
+        if env is None and not self.tools:
+            raise ValueError(f"{prefix}environment and {prefix}tools are both empty: set an environment or tools")
+        if not isinstance(self.tool_parser, str) or not self.tool_parser:
+            raise ValueError(f"{prefix}tool_parser must be a parser name or an import path, got {self.tool_parser!r}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise ValueError(
+                f"{prefix}chat_template must be a Jinja template string or null, got {self.chat_template!r}"
+            )

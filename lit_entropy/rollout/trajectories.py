@@ -1,0 +1,69 @@
+"""Per-row records of multi-turn trajectories: turns, tool calls, tool errors, stop reason, environment reward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["STOP_REASONS", "Trajectories"]
+
+STOP_REASONS: tuple[str, ...] = ("eos", "max_turns", "length", "done")
+"""Why a trajectory ended: the policy answered without a tool call (``eos``), ``model.multi_turn.max_turns`` was
+reached, the token budget ran out (``length``: truncated, never scored as finished under ``mask_truncated``), the
+text environment said ``done``."""
+
+
+@dataclass
+class Trajectories:
+    """What each row's trajectory did, ``[N]`` per field (rows as in the rollout batch).
+
+    Attributes:
+        turns: policy turns.
+        tool_calls: tool calls written.
+        tool_errors: tool calls that failed (unreadable, unknown tool, bad arguments, raised, over the per-turn limit).
+        stop_reasons: index into :data:`STOP_REASONS`.
+        environment_rewards: float32, the environment's reward (a text environment's summed ``step`` rewards, a tool
+            environment's ``get_reward()``), added to the reward function's.
+        conversations: each row's messages after the prompt (``assistant``, ``tool``, ``user``), as decoded text.
+        environments: each row's environment instance (None for tools only), for reward functions.
+    """
+
+    turns: Tensor
+    tool_calls: Tensor
+    tool_errors: Tensor
+    stop_reasons: Tensor
+    environment_rewards: Tensor
+    conversations: list[list[dict[str, Any]]]
+    environments: list[Any]
+
+    def select(self, index: Tensor | slice) -> Trajectories:
+        """The rows ``index``."""
+        rows = range(len(self.conversations))[index] if isinstance(index, slice) else index.tolist()
+        return Trajectories(
+            turns=self.turns[index], tool_calls=self.tool_calls[index], tool_errors=self.tool_errors[index],
+            stop_reasons=self.stop_reasons[index], environment_rewards=self.environment_rewards[index],
+            conversations=[self.conversations[i] for i in rows], environments=[self.environments[i] for i in rows],
+        )  # fmt: skip
+
+    @classmethod
+    def cat(cls, parts: Sequence[Trajectories]) -> Trajectories:
+        """The rows of ``parts`` in order."""
+        tensors = {
+            name: torch.cat([getattr(p, name) for p in parts])
+            for name in ("turns", "tool_calls", "tool_errors", "stop_reasons", "environment_rewards")
+        }
+        conversations = [c for p in parts for c in p.conversations]
+        return cls(**tensors, conversations=conversations, environments=[e for p in parts for e in p.environments])
+
+    def stopped(self, reason: str) -> Tensor:
+        """``[N]`` bool: the rows that ended for ``reason``."""
+        return self.stop_reasons == STOP_REASONS.index(reason)
+
+    @property
+    def truncated(self) -> Tensor:
+        """``[N]`` bool: the rows whose token budget ran out (stop reason ``length``)."""
+        return self.stopped("length")

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -280,12 +281,12 @@ def _run_key(row: dict[str, Any]) -> str:
 
 
 def tabled_runs(out: Path) -> set[str]:
-    """Runs already in the collected ``eval.csv`` (a fresh checkout has the tables but no ``runs/``)."""
-    path = out / "eval.csv"
+    """Runs already in the collected ``eval.parquet`` (a fresh checkout has the tables but no ``runs/``)."""
+    path = out / "eval.parquet"
     if not path.exists():
         return set()
-    with path.open() as f:
-        return {_run_key(row) for row in csv.DictReader(f)}
+    keys = pd.read_parquet(path, columns=["task", "base", "method", "seed"]).drop_duplicates()
+    return {_run_key(row) for row in keys.to_dict("records")}
 
 
 def claim(run_dir: Path) -> bool:
@@ -333,22 +334,27 @@ def execute(args: argparse.Namespace) -> None:
 
 
 def collect(out: Path) -> None:
-    """Merge every finished run under ``runs/`` into ``eval.csv`` and ``train.csv`` (rows of runs that are only in
-    the existing tables are kept), sorted by run so the files are stable."""
+    """Merge every finished run under ``runs/`` (its ``eval.csv`` / ``train.csv``) into the study's ``eval.parquet``
+    and ``train.parquet`` (rows of runs that are only in the existing tables are kept), sorted by run so the tables
+    are stable."""
     finished = sorted(d for d in (out / "runs").glob("*") if (d / "done").exists())
     fresh = {d.name for d in finished}
     for table in ("eval", "train"):
-        rows: dict[str, list[dict[str, str]]] = {}
-        if (out / f"{table}.csv").exists():
-            with (out / f"{table}.csv").open() as f:
-                for row in csv.DictReader(f):
-                    if _run_key(row) not in fresh:
-                        rows.setdefault(_run_key(row), []).append(row)
+        runs: dict[str, pd.DataFrame] = {}
+        if (out / f"{table}.parquet").exists():
+            kept = pd.read_parquet(out / f"{table}.parquet")
+            keys = kept["task"] + "__" + kept["base"] + "__" + kept["method"] + "__s" + kept["seed"].astype(str)
+            for key, rows in kept.groupby(keys, sort=False):
+                if key not in fresh:
+                    runs[str(key)] = rows
         for run_dir in finished:
             if (run_dir / f"{table}.csv").exists():
-                with (run_dir / f"{table}.csv").open() as f:
-                    rows[run_dir.name] = list(csv.DictReader(f))
-        _write_csv(out / f"{table}.csv", [row for key in sorted(rows) for row in rows[key]])
+                runs[run_dir.name] = pd.read_csv(run_dir / f"{table}.csv")
+        if runs:
+            merged = pd.concat([runs[key] for key in sorted(runs)], ignore_index=True)
+            tmp = out / f"{table}.parquet.tmp"
+            merged.to_parquet(tmp, index=False)
+            tmp.replace(out / f"{table}.parquet")
     seconds_path = out / "run_seconds.json"
     seconds = json.loads(seconds_path.read_text()) if seconds_path.exists() else {}
     for run_dir in finished:

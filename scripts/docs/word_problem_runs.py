@@ -1,0 +1,157 @@
+"""Word-problem learning runs of SmolLM2-135M-Instruct: GRPO and Clip_B over seeds, validated before and after.
+
+    nice -n 19 python -m scripts.docs.word_problem_runs --out /tmp/wp_runs --steps 2 --seeds 0 1 2 --jobs 6
+    python -m scripts.docs.word_problem_runs --out /tmp/wp_runs --collect-only    # tables from finished runs
+
+Each run is ``lit-entropy fit --config configs/smollm2_word_problems{,_clip_b}.yaml`` (the smollm2 extra) sized for
+a shared 2-core CPU by :data:`SIZING`: 2 prompts x 8 completions per step, 48-token completions, 16 validation
+problems x 4 samples, validation before the first step and after the last one, no checkpoints, one torch thread.
+Seeds vary ``seed_everything`` only: the training prompts and the validation problems (``data.seed``) stay the
+same, the samples differ. A Clip_B run skips the step-0 validation because it would repeat the GRPO run's of the
+same seed (same weights, problems and sampling seed; the clipping callback does not act in validation), so its
+"before" is read from that run.
+
+Writes ``--json`` (default docs/figures/word_problem_runs.json: per run the validation avg@4 / pass@4 before and
+after, the wall seconds of every step by phase; the commit, the load averages seen while the runs went) and prints
+the Markdown tables docs/performance.md quotes: per seed, and the mean with a 95 % t interval over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scripts.docs.default_run import commit_of
+from scripts.docs.run_summary import read_scalars, value_at
+from scripts.studies.statistics import t_interval
+
+REPO = Path(__file__).resolve().parents[2]
+#: Config per method; both are identical but for the Clip_B callback.
+CONFIGS: dict[str, str] = {
+    "grpo": "configs/smollm2_word_problems.yaml",
+    "clip_b": "configs/smollm2_word_problems_clip_b.yaml",
+}
+#: What shrinks the configs' run to what 2 shared CPU cores finish in about an hour (max_steps is added per run).
+SIZING: tuple[str, ...] = (
+    "--trainer.enable_checkpointing=false",
+    "--data.batch_size=2",
+    "--data.num_val_examples=16",
+    "--data.val_batch_size=16",
+    "--model.sampling.max_new_tokens=48",
+    "--model.evaluation.max_new_tokens=48",
+)
+K = 4  # the configs' model.evaluation.num_samples
+VAL_TAGS = (f"val/avg@{K}", f"val/pass@{K}")
+PHASES = ("generate", "score", "statistics", "update")
+
+
+def run_command(method: str, seed: int, steps: int, out: Path) -> list[str]:
+    """The ``lit-entropy fit`` command line of one run (logged under ``out/<method>_s<seed>/version_0``)."""
+    command = [sys.executable, "-m", "lit_entropy", "fit", f"--config={CONFIGS[method]}", f"--seed_everything={seed}"]
+    command += [f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", *SIZING]
+    command += [f"--trainer.logger.init_args.save_dir={out}", f"--trainer.logger.init_args.name={method}_s{seed}"]
+    if method != "grpo":
+        command.append("--val_before_train=false")  # the GRPO run of this seed validated the same start
+    return command
+
+
+def launch(seeds: list[int], steps: int, out: Path, jobs: int) -> list[str]:
+    """Run every (method, seed), ``jobs`` at a time, niced, one torch thread each; returns the load samples."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    pending = [(method, seed) for seed in seeds for method in CONFIGS]
+    running: list[subprocess.Popen] = []
+    loads: list[str] = []
+    out.mkdir(parents=True, exist_ok=True)
+    while pending or running:
+        while pending and len(running) < jobs:
+            method, seed = pending.pop(0)
+            log = (out / f"{method}_s{seed}.log").open("w")
+            command = ["nice", "-n", "19", *run_command(method, seed, steps, out)]
+            running.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+        time.sleep(60)
+        loads.append(time.strftime("%H:%M:%S", time.gmtime()) + " " + Path("/proc/loadavg").read_text().strip())
+        for process in [p for p in running if p.poll() is not None]:
+            if process.returncode != 0:
+                raise SystemExit(f"{' '.join(process.args)} failed with exit code {process.returncode}")
+            running.remove(process)
+    return loads
+
+
+def collect(out: Path, seeds: list[int]) -> dict[str, Any]:
+    """Before/after validation and per-step phase seconds of every run under ``out``."""
+    runs: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        for method in CONFIGS:
+            scalars = read_scalars(out / f"{method}_s{seed}" / "version_0")
+            start = scalars if method == "grpo" else read_scalars(out / f"grpo_s{seed}" / "version_0")
+            last = max(step for step, _ in scalars[VAL_TAGS[0]])
+            phases = {name: [v for _, v in scalars.get(f"perf/time_{name}_s", [])] for name in PHASES}
+            runs[f"{method}_s{seed}"] = {
+                "method": method,
+                "seed": seed,
+                "steps": last,
+                "before": {tag: value_at(start[tag], 0) for tag in VAL_TAGS},
+                "after": {tag: value_at(scalars[tag], last) for tag in VAL_TAGS},
+                "step_seconds": [round(sum(step), 1) for step in zip(*phases.values(), strict=True)],
+                "phase_seconds": {name: [round(v, 1) for v in values] for name, values in phases.items()},
+            }
+    return runs
+
+
+def tables(runs: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row per run, then per method the mean with its 95 % t interval over seeds."""
+    lines = [
+        "| method | seed | steps | avg@4 before | avg@4 after | pass@4 before | pass@4 after | s/step (wall) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs.values():
+        before, after = run["before"], run["after"]
+        seconds = " / ".join(f"{s:.0f}" for s in run["step_seconds"])
+        lines.append(
+            f"| {run['method']} | {run['seed']} | {run['steps']} | {before[VAL_TAGS[0]]:.3f} | {after[VAL_TAGS[0]]:.3f}"
+            f" | {before[VAL_TAGS[1]]:.3f} | {after[VAL_TAGS[1]]:.3f} | {seconds} |"
+        )
+    lines += ["", "| method | tag | before: mean [95 % t interval] | after: mean [95 % t interval] | after - before |"]
+    lines.append("|---|---|---|---|---|")
+    for method in CONFIGS:
+        chosen = [run for run in runs.values() if run["method"] == method]
+        for tag in VAL_TAGS:
+            cells = []
+            for when in ("before", "after"):
+                interval = t_interval([run[when][tag] for run in chosen])
+                cells.append(f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]")
+            change = t_interval([run["after"][tag] - run["before"][tag] for run in chosen])
+            cells.append(f"{change.estimate:+.3f} [{change.low:+.3f}, {change.high:+.3f}]")
+            lines.append(f"| {method} | `{tag}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory of the runs (their logs and event files)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seed_everything of the runs")
+    parser.add_argument("--steps", type=int, default=2, help="training steps per run (validated after the last)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--collect-only", action="store_true", help="read finished runs under --out, run nothing")
+    parser.add_argument("--commit", default=None, help="--collect-only: the commit the runs ran (default: this HEAD)")
+    parser.add_argument("--json", type=Path, default=REPO / "docs" / "figures" / "word_problem_runs.json")
+    args = parser.parse_args(argv)
+    commit = args.commit or commit_of(REPO)
+    figures: dict[str, Any] = {"commit": commit, "sizing": list(SIZING), "seeds": args.seeds}
+    if not args.collect_only:
+        figures["load"] = launch(args.seeds, args.steps, args.out, args.jobs)
+    elif (args.out / "load.log").exists():  # runs started by hand may keep their load samples there
+        figures["load"] = (args.out / "load.log").read_text().splitlines()
+    figures["runs"] = collect(args.out, args.seeds)
+    args.json.write_text(json.dumps(figures, indent=1) + "\n")
+    print(tables(figures["runs"]), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -29,19 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from scripts.studies import runner
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
 from scripts.studies.forking.run import correct_logprob
 from scripts.studies.results import is_finished, run_rows
 from scripts.studies.runs import fit_and_record
-from scripts.studies.sod.run import claim
 
 ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS_DIR = ROOT / "scripts" / "forking" / "experiments"
@@ -81,6 +76,7 @@ CODE_PATHS = (
     "scripts/studies/forking/design.py",
     "scripts/studies/controls.py",
     "scripts/studies/runs.py",
+    "scripts/studies/runner.py",
     "scripts/studies/tasks",
 )
 
@@ -92,16 +88,8 @@ def run_name(base: str, arm: str, seed: int) -> str:
 
 
 def code_revision() -> str:
-    """Last commit that touched :data:`CODE_PATHS`, ``+dirty`` when they have uncommitted changes
-    (``FORKING_CODE_REV`` where the copy has no git history)."""
-    if os.environ.get("FORKING_CODE_REV"):
-        return os.environ["FORKING_CODE_REV"]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    rev = git("log", "-1", "--format=%h", "--", *CODE_PATHS) or "unknown"
-    return rev + ("+dirty" if git("status", "--porcelain", "--", *CODE_PATHS) else "")
+    """Last commit that touched :data:`CODE_PATHS` (:func:`scripts.studies.runner.code_revision`)."""
+    return runner.code_revision(CODE_PATHS)
 
 
 def cli_args(key: Key, steps: int, run_dir: Path, experiment: str = "horizon") -> list[str]:
@@ -184,70 +172,26 @@ def ready(exp: Path, key: Key) -> bool:
     return not arm.startswith("replay") or is_done(exp, (base, "clip_b", seed))
 
 
-def status(exp: Path, keys: list[Key]) -> None:
-    for key in keys:
-        d = exp / "per_run" / run_name(*key)
-        if is_done(exp, key):
-            info = json.loads((d / "done.json").read_text())
-            state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
-        else:
-            state = "claimed (running?)" if (d / "claim").exists() else "todo"
-        print(f"{run_name(*key):28s} {state}")
+def study(args: argparse.Namespace) -> runner.Study:
+    """The runner's view of ``args.experiment``'s runs (a key is ``(base, arm, seed)``)."""
 
+    def command(key: Key) -> list[str]:
+        base, arm, seed = key
+        return [
+            "scripts.studies.horizon",
+            *("--run", "--experiment", args.experiment, "--exp", str(args.exp), "--bases", base, "--arms", arm),
+            *("--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)),
+        ]
 
-def execute(args: argparse.Namespace, keys: list[Key]) -> None:
-    """Run the missing runs of ``keys`` in this process, in order."""
-    for key in keys:
-        d = args.exp / "per_run" / run_name(*key)
-        if is_done(args.exp, key):
-            continue
-        if not ready(args.exp, key):
-            print(f"[forking_horizon] skip {run_name(*key)}: its clip_b run is not done", flush=True)
-            continue
-        if not claim(d):
-            continue
-        t0 = time.perf_counter()
-        train_one(key, args.steps, args.eval_every, args.exp, args.experiment)
-        (d / "claim").unlink(missing_ok=True)
-        print(f"[forking_horizon] {run_name(*key)} done in {time.perf_counter() - t0:.0f}s", flush=True)
-
-
-def pool(args: argparse.Namespace, keys: list[Key]) -> None:
-    """Run the missing runs in ``args.workers`` single-thread subprocesses, in :func:`planned` order (a replay run
-    waits for its Clip_B run). No run starts after ``args.deadline`` seconds."""
-    t0, running = time.perf_counter(), {}
-    todo = [k for k in keys if not is_done(args.exp, k)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    while todo or running:
-        for key, proc in list(running.items()):
-            if proc.poll() is not None:
-                del running[key]
-                print(f"[pool] {run_name(*key)} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
-        elapsed = time.perf_counter() - t0
-        startable = [k for k in todo if ready(args.exp, k)]
-        while startable and len(running) < args.workers and elapsed < args.deadline:
-            key = startable.pop(0)
-            todo.remove(key)
-            base, arm, seed = key
-            cmd = [
-                sys.executable,
-                "-m",
-                "scripts.studies.horizon",
-                "--run",
-                "--experiment",
-                args.experiment,
-                "--exp",
-                str(args.exp),
-            ]
-            cmd += ["--bases", base, "--arms", arm]
-            cmd += ["--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)]
-            log = args.exp / "logs" / f"{run_name(*key)}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            running[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-            print(f"[pool] started {run_name(*key)} at {elapsed:.0f}s", flush=True)
-        if not running and (not startable or elapsed >= args.deadline):
-            return
-        time.sleep(2)
+    return runner.Study(
+        tag="forking_horizon",
+        exp=args.exp,
+        name=lambda key: run_name(*key),
+        done=lambda key: is_done(args.exp, key),
+        ready=lambda key: ready(args.exp, key),
+        train=lambda key: train_one(key, args.steps, args.eval_every, args.exp, args.experiment),
+        command=command,
+    )
 
 
 def _names(text: str, allowed: tuple[str, ...] | dict[str, str], flag: str) -> tuple[str, ...]:
@@ -261,19 +205,12 @@ def _names(text: str, allowed: tuple[str, ...] | dict[str, str], flag: str) -> t
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experiment", choices=tuple(EXPERIMENTS), default="horizon")
-    p.add_argument("--exp", type=Path, default=None, help="results directory (default: the experiment's)")
+    runner.add_arguments(p)
     p.add_argument("--bases", default=",".join(BASES))
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     p.add_argument("--steps", type=int, default=None, help="default: the experiment's (400 / 300)")
     p.add_argument("--eval-every", type=int, default=None, help="default: the experiment's (40 / 30)")
-    p.add_argument("--status", action="store_true")
-    p.add_argument("--run", action="store_true")
-    p.add_argument("--analyze", action="store_true")
-    p.add_argument("--update-readme", action="store_true")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=0, help="with --run: this many subprocesses (0: in-process)")
-    p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
     args = p.parse_args(argv)
     spec = EXPERIMENTS[args.experiment]
     args.exp = args.exp or spec["exp"]
@@ -282,15 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     bases = _names(args.bases, BASES, "--bases")
     arms = _names(args.arms, ARMS, "--arms")
     keys = planned(bases, arms, tuple(int(s) for s in args.seeds.split(",")))
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
-    if args.status:
-        status(args.exp, keys)
-    if args.run:
-        (pool if args.workers else execute)(args, keys)
+    runner.prepare(args)
+    runner.run(study(args), keys, args)
     if args.analyze or args.update_readme:
         from scripts.studies.horizon.analysis import analyze
 

@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scripts.studies import runner
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
 from scripts.studies.results import is_finished, run_rows
 from scripts.studies.runs import fit_and_record
@@ -62,6 +60,7 @@ CODE_PATHS = (
     "scripts/studies/sod/design.py",
     "scripts/studies/controls.py",
     "scripts/studies/runs.py",
+    "scripts/studies/runner.py",
     "scripts/studies/tasks",
 )
 
@@ -80,20 +79,8 @@ def model_dir(design: Experiment, base: str | None) -> Path:
 
 
 def code_revision() -> str:
-    """Last commit that touched :data:`CODE_PATHS`, with ``+dirty`` when they have uncommitted changes
-    (``FORKING_CODE_REV`` where the copy has no git history, e.g. on another machine)."""
-    if os.environ.get("FORKING_CODE_REV"):
-        return os.environ["FORKING_CODE_REV"]
-    rev = (
-        subprocess.run(
-            ["git", "log", "-1", "--format=%h", "--", *CODE_PATHS], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        or "unknown"
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *CODE_PATHS], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    return rev + ("+dirty" if dirty else "")
+    """Last commit that touched :data:`CODE_PATHS` (:func:`scripts.studies.runner.code_revision`)."""
+    return runner.code_revision(CODE_PATHS)
 
 
 def cli_args(
@@ -276,132 +263,40 @@ def _ready(exp: Path, key: Key) -> bool:
     return not arm.startswith("replay") or _done(exp, (base, "clip_b", seed))
 
 
-def claim(run_dir: Path) -> bool:
-    """Claim a run for this process (``claim`` holds the PID; a dead owner's claim is taken over)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "claim"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            os.kill(int(path.read_text() or "0"), 0)
-            return False
-        except (ProcessLookupError, ValueError):
-            path.unlink(missing_ok=True)
-            return claim(run_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    return True
-
-
-def status(
-    exp: Path,
-    arms: tuple[str, ...],
-    seeds: tuple[int, ...],
-    design: Experiment = EXPERIMENTS["sod"],
-    bases: tuple[str, ...] | None = None,
-) -> None:
-    for base, arm, seed in planned(arms, seeds, design, bases):
-        d = exp / "per_run" / run_name(arm, seed, base)
-        if (d / "done.json").exists():
-            info = json.loads((d / "done.json").read_text())
-            state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
-        else:
-            state = "claimed (running?)" if (d / "claim").exists() else "todo"
-        print(f"{run_name(arm, seed, base):28s} {state}")
-
-
-def execute(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
+def study(args: argparse.Namespace) -> runner.Study:
+    """The runner's view of ``args.experiment``'s runs (a key is ``(base, arm, seed)``)."""
     design = EXPERIMENTS[args.experiment]
-    for key in planned(arms, seeds, design, args.bases):
+
+    def command(key: Key) -> list[str]:
         base, arm, seed = key
-        d = args.exp / "per_run" / run_name(arm, seed, base)
-        if _done(args.exp, key):
-            continue
-        if not _ready(args.exp, key):
-            print(f"[forking_sod] skip {run_name(arm, seed, base)}: its clip_b run is not done", flush=True)
-            continue
-        if not claim(d):
-            continue
-        t0 = time.perf_counter()
-        train_one(arm, seed, args.steps, args.eval_every, args.exp, design, base)
-        (d / "claim").unlink(missing_ok=True)
-        print(f"[forking_sod] {run_name(arm, seed, base)} done in {time.perf_counter() - t0:.0f}s", flush=True)
+        return [
+            "scripts.studies.sod",
+            *("--run", "--experiment", args.experiment, "--exp", str(args.exp), "--arms", arm, "--seeds", str(seed)),
+            *("--steps", str(args.steps), "--eval-every", str(args.eval_every)),
+            *(["--bases", base] if base is not None else []),
+        ]
 
-
-def pool(args: argparse.Namespace, arms: tuple[str, ...], seeds: tuple[int, ...]) -> None:
-    """Run the remaining runs in ``args.workers`` single-thread subprocesses; a replay run starts once its Clip_B
-    run is done. No run starts after ``args.deadline`` seconds; runs still going at ``args.deadline + grace`` are
-    killed (their claims are cleared, so ``--status`` lists them as todo)."""
-    t0, running, design = time.perf_counter(), {}, EXPERIMENTS[args.experiment]
-    # The design's first arms seed by seed (unit by unit) first, so a study cut short has whole units of their
-    # comparisons; planned() is already seed, base, arm, and the sort is stable.
-    todo = sorted(planned(arms, seeds, design, args.bases), key=lambda r: r[1] not in design.first)
-    todo = [r for r in todo if not _done(args.exp, r)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    while todo or running:
-        for key, proc in list(running.items()):
-            if proc.poll() is not None:
-                del running[key]
-                name = run_name(key[1], key[2], key[0])
-                print(f"[pool] {name} exit {proc.returncode} at {time.perf_counter() - t0:.0f}s", flush=True)
-        elapsed = time.perf_counter() - t0
-        if elapsed > args.deadline + args.grace:
-            for key, proc in running.items():
-                proc.kill()
-                name = run_name(key[1], key[2], key[0])
-                (args.exp / "per_run" / name / "claim").unlink(missing_ok=True)
-                print(f"[pool] killed {name} at the deadline", flush=True)
-            return
-        ready = [r for r in todo if _ready(args.exp, r)]
-        while ready and len(running) < args.workers and elapsed < args.deadline:
-            base, arm, seed = key = ready.pop(0)
-            todo.remove(key)
-            cmd = [
-                sys.executable,
-                "-m",
-                "scripts.studies.sod",
-                "--run",
-                "--experiment",
-                args.experiment,
-                "--exp",
-                str(args.exp),
-                "--arms",
-                arm,
-                "--seeds",
-                str(seed),
-                "--steps",
-                str(args.steps),
-                "--eval-every",
-                str(args.eval_every),
-                *(["--bases", base] if base is not None else []),
-            ]
-            log = (args.exp / "logs").joinpath(f"{run_name(arm, seed, base)}.log")
-            log.parent.mkdir(parents=True, exist_ok=True)
-            running[key] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-        if not running and (not ready or elapsed >= args.deadline):
-            return
-        time.sleep(2)
+    return runner.Study(
+        tag="forking_sod",
+        exp=args.exp,
+        name=lambda key: run_name(key[1], key[2], key[0]),
+        done=lambda key: _done(args.exp, key),
+        ready=lambda key: _ready(args.exp, key),
+        train=lambda key: train_one(key[1], key[2], args.steps, args.eval_every, args.exp, design, key[0]),
+        command=command,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experiment", choices=tuple(EXPERIMENTS), default="sod")
-    p.add_argument("--exp", type=Path, default=None, help="results directory (default: the experiment's)")
+    runner.add_arguments(p)
     p.add_argument("--arms", default=None, help="default: every arm of the experiment")
     p.add_argument("--seeds", default=None, help="default: the experiment's (0-7)")
     p.add_argument("--bases", default=None, help="default: the experiment's base models (experiments with several)")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
-    p.add_argument("--status", action="store_true")
     p.add_argument("--validate", action="store_true", help="step-0 metrics of the base models and the validity rule")
-    p.add_argument("--run", action="store_true")
-    p.add_argument("--analyze", action="store_true")
-    p.add_argument("--update-readme", action="store_true")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=0, help="with --run: this many subprocesses (0: in-process)")
-    p.add_argument("--deadline", type=float, default=1e9, help="with --workers: start no run after this (s)")
-    p.add_argument("--grace", type=float, default=0.0, help="with --workers: kill runs at deadline + grace (s)")
     args = p.parse_args(argv)
     design = EXPERIMENTS[args.experiment]
     args.exp = args.exp or EXPERIMENTS_DIR / design.directory
@@ -420,17 +315,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"--bases has unknown bases {wrong} for --experiment {args.experiment}; "
                 f"choose from {sorted(design.bases) or 'none (one base model)'}"
             )
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*(does not have many workers|LightningCLI|TensorBoard).*")
+    runner.prepare(args)
     if args.validate:
         validate(design, args.exp, args.bases)
-    if args.status:
-        status(args.exp, arms, seeds, design, args.bases)
-    if args.run:
-        (pool if args.workers else execute)(args, arms, seeds)
+    keys = planned(arms, seeds, design, args.bases)
+    if args.run and args.workers:
+        # The design's first arms seed by seed (unit by unit) first, so a study cut short has whole units of their
+        # comparisons; planned() is already seed, base, arm, and the sort is stable.
+        keys = sorted(keys, key=lambda key: key[1] not in design.first)
+    runner.run(study(args), keys, args)
     if args.analyze or args.update_readme:
         if design.bases:  # (base, seed) units and issue 39's rule
             from scripts.studies.sod.units import analyze_units

@@ -221,13 +221,18 @@ def command_options() -> dict[str, set[str]]:
 
 def _script_source(module: str) -> str:
     """The source ``python -m <module>`` runs: a module file, or a package's ``__main__.py`` with the package's
-    other modules (a study's ``__main__`` only calls the ``main`` of its ``run.py``); "" if none."""
+    other modules (a study's ``__main__`` only calls the ``main`` of its ``run.py``), plus the study runner's shared
+    options where it adds them (``runner.add_arguments``); "" if none."""
     path = ROOT.joinpath(*module.split("."))
     if path.with_suffix(".py").is_file():
-        return path.with_suffix(".py").read_text()
-    if (path / "__main__.py").is_file():
-        return "\n".join(file.read_text() for file in sorted(path.glob("*.py")))
-    return ""
+        source = path.with_suffix(".py").read_text()
+    elif (path / "__main__.py").is_file():
+        source = "\n".join(file.read_text() for file in sorted(path.glob("*.py")))
+    else:
+        return ""
+    if "runner.add_arguments(" in source:
+        source += (ROOT / "scripts" / "studies" / "runner.py").read_text()
+    return source
 
 
 def _command_errors(mention: Mention, command_options: dict[str, set[str]]) -> list[str]:

@@ -73,12 +73,12 @@ class SynchronousRollouts:
 
     def take(self, host: RolloutHost, batch: Batch) -> tuple[Batch, RolloutBatch]:
         """The step's batch and its rollout (a resumed run's engine may hold the disk's weights: pushed if so)."""
-        host.rollout_engine.sync_weights(host.policy, host.global_step)
+        host.rollout_engine.sync_weights(_policy(host), host.global_step)
         return batch, host.generate(batch, host.settings.sampling)
 
     def after_update(self, host: RolloutHost) -> None:
         """Push the updated weights to the engine (a no-op for Hugging Face ``generate`` on the policy)."""
-        host.rollout_engine.sync_weights(host.policy, host.global_step)
+        host.rollout_engine.sync_weights(_policy(host), host.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -111,6 +111,12 @@ class Pending:
     version: int
 
 
+def _policy(host: RolloutHost) -> nn.Module:
+    if host.policy is None:
+        raise RuntimeError("model.async_rollout: the policy is not loaded yet (configure_model has not run)")
+    return host.policy
+
+
 def _to(batch: Batch, device: torch.device | None) -> Batch:
     """``batch`` with its tensors on ``device`` (the CPU when None)."""
     return {k: v.to(device or "cpu") if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -138,10 +144,10 @@ class AsyncRollouts:
 
     def start(self, host: RolloutHost) -> None:
         """Copy the policy for the worker and start it; send a resumed run's prompts in flight first."""
-        engine = host.rollout_engine
+        engine, policy = host.rollout_engine, _policy(host)
         if getattr(host, "device_mesh", None) is not None:
             raise ValueError("model.async_rollout does not support FSDP2 (ModelParallelStrategy) yet: use DDP")
-        shadow = copy.deepcopy(host.policy)
+        shadow = copy.deepcopy(policy)
         shadow.requires_grad_(False).eval()
         self.shadow, sampling, self.pushed = shadow, host.settings.sampling, self.version
 
@@ -174,6 +180,7 @@ class AsyncRollouts:
         are generated (no update in this step)."""
         if self.worker is None:
             self.start(host)
+        assert self.worker is not None
         self.submit(batch)
         if len(self.pending) <= self.config.depth:
             self.commit()
@@ -209,7 +216,7 @@ class AsyncRollouts:
         assert self.worker is not None
         self.version += 1
         if self.version - self.pushed >= self.config.weight_sync_steps:
-            weights = host.policy.state_dict()
+            weights = _policy(host).state_dict()
             if self.config.depth:  # the trainer changes its weights while the worker still samples: a snapshot
                 weights = {name: tensor.detach().clone() for name, tensor in weights.items()}
             self.worker.push(weights, self.version)

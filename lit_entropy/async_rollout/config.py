@@ -43,8 +43,9 @@ class AsyncRolloutConfig:
     """Seconds the trainer waits for the worker's next batch before stopping the run with the worker's stack (a
     hung worker); a worker that raises stops it at once with its own error."""
     worker_threads: int | None = None
-    """``torch.set_num_threads`` inside the worker thread (OpenMP keeps the count per thread), so generation and
-    the update share the cores as chosen; null = the process's setting."""
+    """``torch.set_num_threads`` when the worker starts. PyTorch's count is process-wide, so the trainer's parallel
+    regions get it too: each of the two threads then runs its own regions of this many threads (1 on two cores
+    gives generation one core and the update the other); null = the process's setting."""
 
     def __post_init__(self) -> None:
         prefix = "model.async_rollout."

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -93,6 +94,8 @@ def measure(model_dir: Path, staleness: int, args: argparse.Namespace) -> dict[s
         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock],
     )  # fmt: skip
     trainer.fit(module, data)
+    del module, trainer  # this process runs every setting: free the policy, its worker's copy and the optimizer
+    gc.collect()
     ends, tokens = clock.ends[args.warmup :], clock.tokens[args.warmup + 1 :]
     seconds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     return {"s_per_step": statistics.median(seconds), "tokens_per_s": sum(tokens) / sum(seconds), "threads": threads}

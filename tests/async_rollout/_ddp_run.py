@@ -1,0 +1,95 @@
+"""A short asynchronous GRPO fit on 2 gloo CPU ranks under DDP, for ``test_async_ddp.py``.
+
+Run as a script (Lightning's launcher re-executes it for rank 1)::
+
+    python tests/async_rollout/_ddp_run.py --model DIR --out DIR
+
+Each rank writes ``rank<R>.json``: the policy version of every batch it trained (``train/async/version``), the
+prompts it trained, its final ``global_step`` and a checksum of its final weights, and ``checkpoint.json`` (rank
+0): the prompts in flight per rank that the last checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lit_entropy.async_rollout import AsyncRolloutConfig
+from lit_entropy.data.datamodule import PromptDataModule
+from lit_entropy.module import RFTModule
+from lit_entropy.rollout import SamplingConfig
+from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
+
+BATCHES = 5
+
+
+def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
+    return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.versions: list[float] = []
+        self.prompts: list[str] = []
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        score = pl_module.score
+
+        def recording(batch, rollout, num_samples):
+            if pl_module.training:
+                self.prompts.extend(batch["prompts"])
+            return score(batch, rollout, num_samples)
+
+        pl_module.score = recording
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        version = trainer.callback_metrics.get("train/async/version")
+        if version is not None and batch_idx > 0:
+            self.versions.append(float(version))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    seed_everything(0)
+    module = RFTModule(
+        PolicyConfig(args.model),
+        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        update=UpdateConfig(epochs=1, mini_batch_size=8),
+        optim=OptimConfig(lr=1e-2),
+        logging=LoggingConfig(export_on_train_end=False),
+        async_rollout=AsyncRolloutConfig(max_staleness=1),
+    )
+    module.reward_fn = digit_reward
+    record = Record()
+    out = Path(args.out)
+    checkpoint = ModelCheckpoint(out, filename="last", every_n_train_steps=1)
+    data = PromptDataModule(tokenizer_name_or_path=args.model, batch_size=2, num_train_examples=32, seed=3)
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0,
+        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
+        callbacks=[record, checkpoint],
+    )  # fmt: skip
+    trainer.fit(module, data)
+    weights = float(sum(p.double().sum() for p in module.policy.parameters()))
+    info = {"versions": record.versions, "prompts": record.prompts, "global_step": trainer.global_step}
+    info["weights"] = weights
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
+    if trainer.global_rank == 0:
+        saved = torch.load(out / "last.ckpt", weights_only=False)["lit_entropy_async_rollout"]
+        held = [[prompt for batch in rank["batches"] for prompt in batch["prompts"]] for rank in saved]
+        (out / "checkpoint.json").write_text(json.dumps({"in_flight": held, "versions": [r["version"] for r in saved]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ of the validation split; ``val/avg@8`` at each validation step is read from its 
 setting's mean and range over the seeds per step, and the final difference with its spread; ``--out`` writes every
 curve as JSON.
 
-    nice python -m scripts.bench.async_validation --seeds 0 1 2 --out docs/figures/async_validation.json
+    nice python -m scripts.bench.async_validation --seeds 0 1 2 --out async_validation.json
 """
 
 from __future__ import annotations

@@ -200,3 +200,27 @@ def test_sigterm_with_a_full_queue_resumes_without_skipping_or_repeating_a_promp
     # The two regenerated batches and the next one were sampled with the resumed weights (version 2).
     assert [m["train/async/version"] for m in second.metrics] == [2.0, 2.0, 2.0]
     assert [m["train/async/staleness_max"] for m in second.metrics] == [0.0, 1.0, 2.0]
+
+
+def test_the_async_tags_logged_are_the_ones_docs_dashboard_lists(tiny_model_dir, tmp_path):
+    import re
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from scripts.docs.run_summary import read_scalars
+
+    module = _module(tiny_model_dir, AsyncRolloutConfig(max_staleness=2, max_inflight=2))
+    seed_everything(0)
+    data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=4, num_train_examples=64, seed=3)
+    trainer = Trainer(
+        accelerator="cpu", max_epochs=1, limit_train_batches=5, limit_val_batches=0, enable_checkpointing=False,
+        logger=TensorBoardLogger(tmp_path, name="run", default_hp_metric=False), log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, data)
+    scalars = read_scalars(next(tmp_path.glob("run/version_0")))
+    logged = {tag for tag in scalars if tag.startswith("train/async/")}
+    documented = set(re.findall(r"^\| `(train/async/[a-z_]+)`", (ROOT / "docs" / "dashboard.md").read_text(), re.M))
+    assert logged == documented
+    assert [value for _, value in scalars["train/async/staleness_max"]] == [0.0, 1.0, 2.0]
+    assert "train/rollout/frac_above" in scalars  # the correction this mode turns on logs its fractions

@@ -318,7 +318,7 @@ class RFTModule(ModelLifecycle):
         due = self.dynamic_sampling.samples_due(trained_batches(self.trainer), every)
         if due and self.global_rank == 0 and isinstance(self.logger, TensorBoardLogger):
             n, step = self.settings.logging.num_logged_samples, logger_step(self.trainer)
-            log_samples(self.logger.experiment, step, experience, batch, completions, n)
+            log_samples(self.logger.experiment, step, experience, batch, completions, n, self.tokenizer)
 
     def dashboard_run(self) -> DashboardRun:
         """What the dashboard needs of this run; its :class:`~lit_entropy.reporting.TagPlan` is decided once."""

@@ -87,8 +87,7 @@ class MultiTurnRollout:
         self, engine: RolloutEngine, policy: nn.Module, batch: dict[str, Any], sampling: SamplingConfig
     ) -> RolloutBatch:
         """``sampling.num_samples`` trajectories per prompt of ``batch`` (rows grouped by prompt)."""
-        if self.renderer is None:
-            raise RuntimeError("MultiTurnRollout.bind(tokenizer, eos_token_ids) must run before generate")
+        self.bound()
         rows = self._start(batch, sampling.num_samples)
         budget, turn = sampling.max_new_tokens, 0
         device = batch["input_ids"].device
@@ -103,6 +102,12 @@ class MultiTurnRollout:
                 self._policy_turn(row, out, i, left, last)
             turn += 1
         return self._batch(rows, device, engine.reports_logprobs)
+
+    def bound(self) -> ConversationRenderer:
+        """The renderer of :meth:`bind` (a RuntimeError before it)."""
+        if self.renderer is None:
+            raise RuntimeError("MultiTurnRollout.bind(tokenizer, eos_token_ids) must run before generate")
+        return self.renderer
 
     @property
     def pad_id(self) -> int:
@@ -122,7 +127,7 @@ class MultiTurnRollout:
                 first = session.start(row)
                 own = prompt
                 if first is not None:
-                    text, chat = self.renderer.prompt_with(batch["prompts"][b], first)
+                    text, chat = self.bound().prompt_with(batch["prompts"][b], first)
                     own = list(self.tokenizer(text, add_special_tokens=not chat)["input_ids"])
                 trajectory = Trajectory(prompt=own, session=session)
                 if first is not None:
@@ -151,7 +156,7 @@ class MultiTurnRollout:
             row.stop = outcome.stop
             return
         messages = [self._cut(m) for m in outcome.messages]
-        env_ids = self.renderer.message_ids(messages)
+        env_ids = self.bound().message_ids(messages)
         if len(env_ids) >= room - len(ids):  # no room left for another policy token after the answer
             row.stop = "length"
             return

@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from lit_entropy import protocol
 from lit_entropy.distributed.collectives import all_reduce_max, all_reduce_sum
-from lit_entropy.functional.overlong import truncated_rows
 from lit_entropy.functional.registry import policy_loss_attribute
 from lit_entropy.functional.rollout_correction import mismatch_metrics
 from lit_entropy.metrics import TokenEntropy
+from lit_entropy.reporting.multi_turn import conversation_cells, multi_turn_scalars, truncated_trajectories
 from lit_entropy.reporting.overview import MASKED_FRAC_TAG
 from lit_entropy.rollout.base import RolloutEngine
 from lit_entropy.settings import LossConfig, OptimConfig
@@ -273,9 +273,7 @@ def batch_statistics(
     """
     mask, rewards = experience.response_mask, experience.rewards
     lengths = mask.sum(-1)
-    truncated = truncated_rows(
-        experience.rollout.responses, mask, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids
-    )
+    truncated = truncated_trajectories(experience.rollout, max_new_tokens, eos_token_ids)  # multi-turn: stop "length"
     grouped = rewards.view(-1, group_size)
     all_equal = (grouped.max(-1).values == grouped.min(-1).values).sum()
     parts = [
@@ -377,6 +375,7 @@ class TrainDashboard(nn.Module):
         if experience.rollout_gap is not None:
             stats.update(self._gap(experience))
         stats.update(fill_scalars(report.fill) if report.fill is not None else {})
+        stats.update(multi_turn_scalars(experience.rollout) if experience.rollout.trajectories is not None else {})
         stats.update(estimator_input_scalars(getattr(experience, "estimator_inputs", {}), run.device))
         stats.update(self._perf(run, experience))
         for key, value in stats.items():
@@ -478,14 +477,18 @@ def samples_markdown(
 
 
 def log_samples(
-    writer: Any, step: int, experience: Any, batch: dict[str, Any], completions: list[str], num_prompts: int
-) -> None:
-    """Write the token-entropy histogram and a table of whole sample groups to a TensorBoard ``writer``.
+    writer: Any, step: int, experience: Any, batch: dict[str, Any], completions: list[str], num_prompts: int,
+    tokenizer: Any = None,
+) -> None:  # fmt: skip
+    """Write the token-entropy histogram and a table of whole sample groups to a TensorBoard ``writer``; a multi-turn
+    row shows its whole conversation with roles and its masked spans (``tokenizer`` decodes them).
 
     Use ``step = lit_entropy.internals.lightning.logger_step(trainer)`` so they line up with the step's scalars.
     """
     mask = experience.response_mask
     group = len(completions) // len(batch["prompts"])
+    if experience.rollout.trajectories is not None and tokenizer is not None:
+        completions = conversation_cells(experience.rollout, tokenizer)
     writer.add_histogram("train/entropy/tokens", experience.entropy[mask].float().cpu(), step)
     first = experience.advantages[:, 0] if experience.advantages.dim() == 2 else experience.advantages
     table = samples_markdown(

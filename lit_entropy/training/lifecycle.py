@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import nn
 
+from lit_entropy.agents import MultiTurnRollout
 from lit_entropy.async_rollout.pipeline import RolloutSource
 from lit_entropy.data.source import PromptSource
 from lit_entropy.distributed.fsdp2 import module_param_dtype, shard_models
@@ -49,6 +50,7 @@ class ModelLifecycle(LightningModule):
         self.tokenizer: Any = None
         self.stop_ids: tuple[int, ...] = ()  # EOS ids of setup: the tokenizer's and the generation config's
         self.owns_rollout_engine = False  # this module started the engine, so it closes it
+        self.multi_turn: MultiTurnRollout | None = None  # model.multi_turn's rollout (set by the module)
         self.export_path: str | None = None
         self._own_callbacks: list[Callback] | None = None
 
@@ -78,7 +80,7 @@ class ModelLifecycle(LightningModule):
         needed = max(self.settings.sampling.max_new_tokens, evaluation.max_new_tokens)
         check_context_length(self.model_name_or_path, longest, needed)
         self.stop_ids = eos_token_ids(self.model_name_or_path, self.tokenizer)  # one EOS set for both engines
-        if getattr(self, "multi_turn", None) is not None:  # the chat-template check, before the first step
+        if self.multi_turn is not None:  # the chat-template check, before the first step
             self.multi_turn.bind(self.tokenizer, self.stop_ids)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         seed = torch.initial_seed() % 2**31

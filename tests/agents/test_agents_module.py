@@ -13,7 +13,7 @@ from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.models.tiny import save_tiny_model
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import SamplingConfig
-from lit_entropy.settings import EvaluationConfig, LossConfig, OptimConfig, PolicyConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, LossConfig, OptimConfig, PolicyConfig
 from tests.agents._agents import CHAT_TEMPLATE, REWRITING_TEMPLATE, chat_tokenizer
 
 
@@ -80,6 +80,7 @@ def test_a_short_fit_with_an_environment(chat_model_dir, tmp_path, environment):
         optim=OptimConfig(lr=1e-3),
         evaluation=EvaluationConfig(num_samples=2),
         loss=LossConfig(mask_truncated=True),
+        logging=LoggingConfig(log_samples_every_n_steps=1),
         multi_turn=MultiTurnConfig(environment=environment, max_turns=3, chat_template=CHAT_TEMPLATE),
     )
     data = PromptDataModule(
@@ -91,5 +92,17 @@ def test_a_short_fit_with_an_environment(chat_model_dir, tmp_path, environment):
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1, val_check_interval=2,
         log_every_n_steps=1,
     )  # fmt: skip
+
     trainer.fit(module, data)
     assert trainer.global_step == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415 - slow import
+
+    events = EventAccumulator(trainer.logger.log_dir)
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    stops = {f"train/multi_turn/stop/{r}" for r in ("eos", "max_turns", "length", "done")}
+    names = ("turns", "tool_calls", "tool_error_rate", "environment_token_frac", "environment_reward")
+    assert {f"train/multi_turn/{n}" for n in names} | stops <= tags
+    (table,) = [t for t in events.Tags()["tensors"] if t.startswith("train/samples")]
+    text = events.Tensors(table)[-1].tensor_proto.string_val[0].decode()
+    assert "**assistant**:" in text and "(stop: " in text

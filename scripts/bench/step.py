@@ -309,7 +309,9 @@ def _lit_callback(recorder: _Recorder) -> Any:
             def counting_generate(*a: Any, **k: Any) -> Any:
                 batch = generate(*a, **k)
                 recorder.tokens += int(batch.response_mask.sum())
-                recorder.run.rollouts.append(batch.response_mask.shape[0])
+                sampling = a[3] if len(a) > 3 else k.get("sampling")
+                if getattr(sampling, "temperature", None) != 0:  # remax's greedy baseline: its tokens, not a rollout
+                    recorder.run.rollouts.append(batch.response_mask.shape[0])
                 return batch
 
             engine.generate = counting_generate
@@ -587,6 +589,25 @@ REALISTIC_SIDES.update(
         **{name: ("grpo", (f"--model.advantages.estimator={name}",))
            for name in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")},
     }
+)  # fmt: skip
+
+# Issue 38: the peers' newest losses (their papers' / verl's defaults) and estimators, and the entropy-control methods
+# that build on the paper (token callbacks with their papers' defaults), each ``grpo`` with that one change.
+REALISTIC_SIDES.update(
+    {
+        **{name: ("grpo", (f"--model.loss.policy_loss={name}",)) for name in ("sapo", "dppo_tv", "dppo_kl", "ce_gppo")},
+        **{name: ("grpo", (f"--model.advantages.estimator={name}",))
+           for name in ("grpo_passk", "opo", "gdpo", "remax")},
+        **{name: ("grpo", (f"--trainer.callbacks+=lit_entropy.callbacks.{callback}",))
+           for name, callback in (("stare", "STARE"), ("entrocraft", "Entrocraft"), ("s2t", "SpuriousTokenSilencing"),
+                                  ("advantage_reweighting", "AdvantageReweighting"),
+                                  ("unlikeliness", "UnlikelinessReward"), ("repo_r", "REPOR"))},
+    }
+)  # fmt: skip
+#: The issue-38 sides above, in that order (``--variants grpo *ISSUE_38_SIDES``).
+ISSUE_38_SIDES: tuple[str, ...] = (
+    "sapo", "dppo_tv", "dppo_kl", "ce_gppo", "grpo_passk", "opo", "gdpo", "remax",
+    "stare", "entrocraft", "s2t", "advantage_reweighting", "unlikeliness", "repo_r",
 )  # fmt: skip
 
 #: ``--realistic`` sides with the in-process vLLM engine (opt-in with ``--sides``): they run under the Python of the

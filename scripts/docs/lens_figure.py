@@ -119,9 +119,9 @@ def lens_batch(module: Any, batch: dict[str, Any]) -> Any:
     return build_experience(rollout, rewards, statistics, module.settings, eos_token_ids=module.eos_token_ids())
 
 
-def run_lens(steps: int, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+def run_lens(steps: int, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any, dict[str, Any], Any]:
     """Train ``steps`` (>= 1) GRPO steps of the embedded default (``overrides``: model / data settings for tests), then
-    apply every method to the next batch. Returns the numbers, GRPO's experience and each method's."""
+    apply every method to the next batch. Returns the numbers, GRPO's experience, each method's and the module."""
 
     config = yaml.safe_load((REPO / "configs" / "grpo_tiny.yaml").read_text())
     config["model"].setdefault("logging", {})["export_on_train_end"] = False
@@ -146,7 +146,7 @@ def run_lens(steps: int, overrides: dict[str, Any] | None = None) -> tuple[dict[
         "steps": steps,
         "methods": {name: lens_numbers(experience, after) for name, after in shaped.items()},
     }
-    return numbers, experience, shaped
+    return numbers, experience, shaped, module
 
 
 def draw(experience: Any, shaped: dict[str, Any], numbers: dict[str, Any], out: Path) -> None:
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {} if args.model_dir is None else {"model": {"policy": {"model_name_or_path": args.model_dir}},
                                                     "data": {"tokenizer_name_or_path": args.model_dir}}  # fmt: skip
     load = os.getloadavg()
-    numbers, experience, shaped = run_lens(args.steps, overrides)
+    numbers, experience, shaped, _ = run_lens(args.steps, overrides)
     numbers.update(commit=_commit(), load_average=[round(x, 1) for x in load], config="configs/grpo_tiny.yaml")
     draw(experience, shaped, numbers, args.figure)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,168 @@
+"""Build the calculator demonstration's base model ``lit_entropy/assets/tiny-qwen2-calculator``.
+
+A tiny Qwen2 (head_dim 64) over the character chat tokenizer (:mod:`lit_entropy.environments.char_chat`) is
+supervised on train problems of :mod:`lit_entropy.environments.calculator`, as the embedded default and the
+studies' base models were built (teacher forcing, loss on the policy's tokens only). A fraction
+``--tool-share`` (0.25) of the supervised trajectories call the tool and copy its result::
+
+    47*86=<tool_call>{"name":"calculate","arguments":{"expression":"47*86"}}</tool_call><eos>
+          <tool_response>4042</tool_response>4042<eos>
+
+the others answer directly (``47*86=4042<eos>``), which a 0.3M-parameter model mostly gets wrong. The SFT stops
+at the first check (sampled at T = 1, the tool executed for real) where the trajectories that call the tool are
+right at least ``--target-tool-acc`` of the time: the model then knows the call but uses it about a quarter of
+the time, and reinforcement learning has a tool-use rate and an accuracy to raise.
+
+    python -m scripts.assets.make_calculator_model   # a few minutes on 2 idle cores; deterministic
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from lit_entropy.environments.calculator import calculate, make_calculator_examples
+from lit_entropy.environments.char_chat import build_char_chat_tokenizer
+from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.agent_rollout import play_trajectories, supervised_batch
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-calculator"
+MAX_CALL_TOKENS = 64  # the call is 57 tokens for two-digit operands
+MAX_ANSWER_TOKENS = 8
+
+
+def tool_call_text(expression: str) -> str:
+    """The Hermes call of ``calculate(expression)`` as the base model writes it (compact JSON, no spaces)."""
+    return (
+        "<tool_call>"
+        + json.dumps({"name": "calculate", "arguments": {"expression": expression}}, separators=(",", ":"))
+        + "</tool_call>"
+    )
+
+
+def supervised_messages(row: dict[str, str], use_tool: bool) -> list[dict[str, str]]:
+    """One supervised trajectory of ``row``: a tool call, its result and the copied answer, or a direct answer."""
+    user = {"role": "user", "content": row["prompt"]}
+    if not use_tool:
+        return [user, {"role": "assistant", "content": row["answer"]}]
+    expression = row["prompt"].rstrip("=")
+    return [
+        user,
+        {"role": "assistant", "content": tool_call_text(expression)},
+        {"role": "tool", "content": calculate(expression)},
+        {"role": "assistant", "content": row["answer"]},
+    ]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tool-share", type=float, default=0.25, help="share of supervised trajectories that call the tool")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-prompts", type=int, default=32)
+    p.add_argument("--target-tool-acc", type=float, default=0.6, help="stop once tool trajectories are this right")
+    p.add_argument("--final-prompts", type=int, default=256)
+    return p.parse_args(argv)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[dict[str, str]], samples: int, seed: int) -> dict[str, float]:
+    """Tool-use rate, accuracy, and accuracy with / without the tool of T = 1 samples (the tool really runs)."""
+    trajectories = play_trajectories(
+        model,
+        tokenizer,
+        [r["prompt"] for r in rows],
+        samples=samples,
+        seed=seed,
+        call_tokens=MAX_CALL_TOKENS,
+        answer_tokens=MAX_ANSWER_TOKENS,
+        tool=calculate,
+    )
+    used = right = right_tool = 0
+    for i, t in enumerate(trajectories):
+        ok = t.turns[-1].strip() == rows[i // samples]["answer"]  # exact_match on the last turn, as in training
+        used += t.called
+        right += ok
+        right_tool += ok and t.called
+    n = len(trajectories)
+    return {
+        "tool_use_rate": used / n,
+        "accuracy": right / n,
+        "tool_accuracy": right_tool / max(used, 1),
+        "direct_accuracy": (right - right_tool) / max(n - used, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    tokenizer = build_char_chat_tokenizer(model_max_length=128)
+    model = build_qwen2(
+        tokenizer,
+        hidden_size=args.hidden_size,
+        intermediate_size=2 * args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.hidden_size // 64,
+        num_kv_heads=1,
+        seed=args.seed,
+        max_new_tokens=MAX_CALL_TOKENS,
+    )
+    train = make_calculator_examples("train", seed=args.seed)
+    val = make_calculator_examples("validation", seed=args.seed)
+    rng = random.Random(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    step, stats = 0, {}
+    model.train()
+    while step < args.max_steps:
+        conversations = [
+            supervised_messages(train[rng.randrange(len(train))], rng.random() < args.tool_share)
+            for _ in range(args.batch_size)
+        ]
+        loss = model(**supervised_batch(conversations, tokenizer)).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        if step % args.eval_every == 0:
+            stats = evaluate(model, tokenizer, val[: args.eval_prompts], samples=2, seed=args.seed)
+            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
+            print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
+            if stats["tool_accuracy"] >= args.target_tool_acc:
+                break
+    final = evaluate(model, tokenizer, val[: args.final_prompts], samples=8, seed=args.seed + 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    tokenizer.save_pretrained(args.out)
+    report = {
+        "sft_steps": step,
+        "params": sum(p.numel() for p in model.parameters()),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "val_prompts": args.final_prompts,
+        "samples": 8,
+        **{f"val_{k}": round(v, 4) for k, v in final.items()},
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+    }
+    for f in args.out.iterdir():  # safetensors writes 0600; package data must be world-readable
+        f.chmod(0o644)
+    (args.out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

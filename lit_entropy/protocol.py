@@ -97,6 +97,17 @@ class TokenMaskContext(  # type: ignore[misc]  # mypy refuses what ReadOnlyRows 
         """Every field a context can hold: what a module that fills them all returns from ``token_mask_fields()``."""
         return frozenset({"mask", *(f.name for f in cls.row_fields())})
 
+    def require(self, name: str) -> Tensor:
+        """The field ``name``, which a callback that reads it needs filled; a ValueError naming it when the module
+        left it None (``name`` is not among the module's ``token_mask_fields()``)."""
+        value: Tensor | None = getattr(self, name)
+        if value is None:
+            raise ValueError(
+                f"TokenMaskContext.{name} is not filled: the module's token_mask_fields() does not include {name!r}, "
+                "which this callback reads"
+            )
+        return value
+
     def present_fields(self) -> frozenset[str]:
         """Names of the fields that are filled in (not None)."""
         return frozenset({"mask", *(k for k, v in self.row_tensors().items() if v is not None)})

@@ -59,7 +59,9 @@ _PHASE_CODE = {"positive": 1.0, "grpo": 0.0, "negative": -1.0}
 def global_mean_entropy(context: TokenMaskContext) -> float:
     """Token-mean entropy (nats) over the valid tokens of all ranks; NaN for an empty batch. Call on every rank."""
     mask = context.mask
-    sums = torch.stack([mask.sum().to(torch.float64), torch.where(mask, context.entropy.to(torch.float64), 0.0).sum()])
+    sums = torch.stack(
+        [mask.sum().to(torch.float64), torch.where(mask, context.require("entropy").to(torch.float64), 0.0).sum()]
+    )
     count, total = all_reduce_sum(sums).tolist()
     return total / count if count > 0 else math.nan
 
@@ -71,7 +73,7 @@ class AdvantageCallback(TokenCallback):
 
     def tally_changed(self, context: TokenMaskContext, advantages: Tensor) -> None:
         """Count the valid tokens and those whose advantage this callback changed (``acted_on``)."""
-        changed = advantages.to(torch.float64) != context.advantages.to(torch.float64)
+        changed = advantages.to(torch.float64) != context.require("advantages").to(torch.float64)
         self.count_tokens(context.mask, changed)
 
 
@@ -151,8 +153,8 @@ class STARE(AdvantageCallback):
             m_min=self.m_min,
         )  # fmt: skip
         self.gate_on, self.reweight_w, self.reweight_m = state
-        weights = self._weights(context) if self.gate_on else torch.ones_like(context.advantages)
-        advantages = weights.to(context.advantages.dtype) * context.advantages
+        weights = self._weights(context) if self.gate_on else torch.ones_like(context.require("advantages"))
+        advantages = weights.to(context.require("advantages").dtype) * context.require("advantages")
         self._log(pl_module, context, weights, entropy)
         return advantages
 
@@ -163,10 +165,10 @@ class STARE(AdvantageCallback):
         }  # fmt: skip
 
     def _weights(self, context: TokenMaskContext) -> Tensor:
-        logprobs, advantages, mask = context.old_logprobs, context.advantages, context.mask
+        logprobs, advantages, mask = context.require("old_logprobs"), context.require("advantages"), context.mask
         if self.scope == "global":
             surprisal = -logprobs.detach()
-            cuts = [self._global_cut(surprisal, mask & (advantages > 0))]
+            cuts: list[TopKCut | None] = [self._global_cut(surprisal, mask & (advantages > 0))]
             cuts.append(self._global_cut(surprisal, mask & (advantages < 0)) if self.variant == "C2" else None)
             return stare_weights(
                 logprobs, advantages, mask, positive_cut=cuts[0], negative_cut=cuts[1], **self._options()
@@ -183,7 +185,7 @@ class STARE(AdvantageCallback):
         return global_top_k_cut(surprisal, candidates, stare_selection_count(count, self.top_ratio))
 
     def _log(self, pl_module: Any, context: TokenMaskContext, weights: Tensor, entropy: float) -> None:
-        mask, advantages = context.mask, context.advantages
+        mask, advantages = context.mask, context.require("advantages")
         reweighted = mask & (weights != 1)
         pos, neg = mask & (advantages > 0), mask & (advantages < 0)
         self.count_tokens(mask, reweighted)
@@ -288,9 +290,11 @@ class Entrocraft(AdvantageCallback):
         )  # fmt: skip
         entropy = global_mean_entropy(context)
         phase = entrocraft_phase(entropy, lower, upper) if math.isfinite(entropy) else "grpo"
-        advantages = entrocraft_advantages(context.advantages, context.rewards, context.mask, phase, signal=self.signal)
+        advantages = entrocraft_advantages(
+            context.require("advantages"), context.require("rewards"), context.mask, phase, signal=self.signal
+        )
         self.tally_changed(context, advantages)
-        self.count("negative_rewards", (context.rewards < 0).sum())
+        self.count("negative_rewards", (context.require("rewards") < 0).sum())
         c = self.reduce_counts()
         if phase == "negative" and self.signal == "reward" and c["negative_rewards"] == 0 and not self._warned_unsigned:
             self._warned_unsigned = True
@@ -338,13 +342,15 @@ class AdvantageReweighting(AdvantageCallback):
     def token_advantages(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """The reweighted advantages of this rank's tokens. Call on every rank."""
         advantages = reweighted_advantages(
-            context.advantages, context.old_logprobs, context.mask, alpha=self.alpha,
+            context.require("advantages"), context.require("old_logprobs"), context.mask, alpha=self.alpha,
             negative_weight=self.negative_weight,
         )  # fmt: skip
-        nonzero = context.mask & (context.advantages != 0)
+        nonzero = context.mask & (context.require("advantages") != 0)
         self.tally_changed(context, advantages)
         self.count("nonzero", nonzero.sum())
-        self.count("scale_sum", torch.where(nonzero, advantages.double() / context.advantages.double(), 0.0).sum())
+        self.count(
+            "scale_sum", torch.where(nonzero, advantages.double() / context.require("advantages").double(), 0.0).sum()
+        )
         c = self.reduce_counts()
         mean_scale = self.share(c["scale_sum"], c["nonzero"]) if c["nonzero"] else 1.0
         self.log_metrics(pl_module, {self.tag("mean_scale"): mean_scale})
@@ -401,15 +407,18 @@ class UnlikelinessReward(AdvantageCallback):
         """The unlikeliness advantages of this rank's tokens (groups are whole on every rank). Call on every rank."""
         size = self._group_size(pl_module)
         advantages = unlikeliness_advantages(
-            context.rewards, context.old_logprobs, context.mask, group_size=size, beta=self.beta
-        ).to(context.advantages.dtype)
+            context.require("rewards"), context.require("old_logprobs"), context.mask, group_size=size, beta=self.beta
+        ).to(context.require("advantages").dtype)
         scaled = unlikeliness_rewards(
-            context.rewards, sequence_mean_logprobs(context.old_logprobs, context.mask), group_size=size, beta=self.beta
+            context.require("rewards"),
+            sequence_mean_logprobs(context.require("old_logprobs"), context.mask),
+            group_size=size,
+            beta=self.beta,
         )
-        rewarded = context.rewards != 0
+        rewarded = context.require("rewards") != 0
         self.tally_changed(context, advantages)
         self.count("rewarded", rewarded.sum())
-        self.count("scaled", (rewarded & (scaled != context.rewards.double())).sum())
+        self.count("scaled", (rewarded & (scaled != context.require("rewards").double())).sum())
         c = self.reduce_counts()
         metrics = {
             self.tag("frac"): self.share(c["acted_on"], c["tokens"]),
@@ -461,7 +470,11 @@ class REPOR(AdvantageCallback):
                     self.zeta, entropy, self.initial_entropy, zeta_min=self.zeta_min, zeta_max=self.zeta_max
                 )
         advantages = repo_r_advantages(
-            context.advantages, context.old_logprobs, context.entropy, context.mask, zeta=self.zeta
+            context.require("advantages"),
+            context.require("old_logprobs"),
+            context.require("entropy"),
+            context.mask,
+            zeta=self.zeta,
         )
         self.tally_changed(context, advantages)
         c = self.reduce_counts()

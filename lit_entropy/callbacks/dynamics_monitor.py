@@ -129,12 +129,14 @@ class EntropyDynamicsMonitor(TokenCallback):
         """
         mask = context.mask
         keep = mask if keep is None else keep & mask
-        sums, _ = quadrant_sums(context.discriminator, context.policy_average, context.advantages, keep)
+        sums, _ = quadrant_sums(
+            context.require("discriminator"), context.require("policy_average"), context.require("advantages"), keep
+        )
         zero = torch.zeros((), dtype=torch.float64, device=mask.device)
-        s = context.discriminator.detach().to(torch.float64)
-        centred = s - context.policy_average.detach().to(torch.float64)
+        s = context.require("discriminator").detach().to(torch.float64)
+        centred = s - context.require("policy_average").detach().to(torch.float64)
         self.count_tokens(mask)
-        self.count("entropy_sum", torch.where(mask, context.entropy.detach().to(torch.float64), zero).sum())
+        self.count("entropy_sum", torch.where(mask, context.require("entropy").detach().to(torch.float64), zero).sum())
         self.count("s_sum", torch.where(mask, s, zero).sum())
         self.count("centred_s_sum", torch.where(mask, centred, zero).sum())
         for quadrant, value in zip(QUADRANTS, sums, strict=True):

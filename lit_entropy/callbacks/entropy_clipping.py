@@ -112,19 +112,26 @@ class EntropyDiscriminatorClipping(TokenCallback):
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask for this rank's tokens from global statistics. Must be called on every rank."""
-        mask, advantages = context.mask, context.advantages
+        mask, advantages = context.mask, context.require("advantages")
         if self.method == "clip_b":
-            moments = all_reduce_sum(masked_moments(context.discriminator, finite_mask(context.discriminator, mask)))
+            moments = all_reduce_sum(
+                masked_moments(context.require("discriminator"), finite_mask(context.require("discriminator"), mask))
+            )
             keep = clip_b_mask(
-                context.discriminator, advantages, mask, mu=self.mu, symmetric=self.symmetric, moments=moments
+                context.require("discriminator"),
+                advantages,
+                mask,
+                mu=self.mu,
+                symmetric=self.symmetric,
+                moments=moments,
             )
         else:
-            deviation = clip_v_deviation(context.discriminator, context.policy_average)
+            deviation = clip_v_deviation(context.require("discriminator"), context.require("policy_average"))
             moments = all_reduce_sum(masked_moments(deviation, finite_mask(deviation, mask)))
             cap_cut = self._global_cap_cut(context, moments)
             keep = clip_v_mask(
-                context.discriminator,
-                context.policy_average,
+                context.require("discriminator"),
+                context.require("policy_average"),
                 advantages,
                 mask,
                 mu=self.mu,
@@ -141,9 +148,9 @@ class EntropyDiscriminatorClipping(TokenCallback):
         if self.max_frac is None:
             return None
         scores, candidates = clip_v_scores(
-            context.discriminator,
-            context.policy_average,
-            context.advantages,
+            context.require("discriminator"),
+            context.require("policy_average"),
+            context.require("advantages"),
             context.mask,
             mu=self.mu,
             symmetric=self.symmetric,
@@ -152,20 +159,23 @@ class EntropyDiscriminatorClipping(TokenCallback):
         return global_top_k_cut(scores, candidates, cap_count(int(moments[0].item()), self.max_frac))
 
     def _log(self, pl_module: Any, context: TokenMaskContext, keep: Tensor) -> None:
-        mask, advantages = context.mask, context.advantages
+        mask, advantages = context.mask, context.require("advantages")
         pos, neg = mask & (advantages > 0), mask & (advantages < 0)
-        finite = finite_mask(context.discriminator, mask)
+        finite = finite_mask(context.require("discriminator"), mask)
         if context.policy_average is not None:
-            finite &= torch.isfinite(context.policy_average)
+            finite &= torch.isfinite(context.require("policy_average"))
         self.count_tokens(mask, ~keep)
         self.count("pos", pos.sum())
         self.count("acted_on_pos", (pos & ~keep).sum())
         self.count("neg", neg.sum())
         self.count("acted_on_neg", (neg & ~keep).sum())
         self.count("finite", finite.sum())
-        self.count("s_sum", masked_moments(context.discriminator, finite)[1])
+        self.count("s_sum", masked_moments(context.require("discriminator"), finite)[1])
         if context.policy_average is not None:
-            self.count("centred_s_sum", masked_moments(context.discriminator - context.policy_average, finite)[1])
+            self.count(
+                "centred_s_sum",
+                masked_moments(context.require("discriminator") - context.require("policy_average"), finite)[1],
+            )
         c = self.reduce_counts()
         self.seen_nonfinite |= c["finite"] < c["tokens"]  # global counts: every rank agrees
         metrics = {

@@ -53,8 +53,8 @@ def _global_means(context: TokenMaskContext) -> tuple[Tensor, int]:
     sums = torch.stack(
         [
             mask.sum().to(torch.float64),
-            torch.where(mask, context.advantages.to(torch.float64), 0.0).sum(),
-            torch.where(mask, context.old_logprobs.to(torch.float64), 0.0).sum(),
+            torch.where(mask, context.require("advantages").to(torch.float64), 0.0).sum(),
+            torch.where(mask, context.require("old_logprobs").to(torch.float64), 0.0).sum(),
         ]
     )
     sums = all_reduce_sum(sums)
@@ -116,13 +116,13 @@ class ClipCov(TokenCallback):
         """Keep mask from global statistics and a global random draw. Must be called on every rank."""
         mask = context.mask
         means, n = _global_means(context)
-        cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
+        cov = covariance_scores(context.require("advantages"), context.require("old_logprobs"), mask, means=means)
         local = int(clip_cov_candidates(cov, mask, lb=self.clip_cov_lb, ub=self.clip_cov_ub).sum())
         counts = all_gather_counts(local, mask.device)
         rank = dist.get_rank() if is_distributed() else 0
         keep = clip_cov_mask(
-            context.advantages,
-            context.old_logprobs,
+            context.require("advantages"),
+            context.require("old_logprobs"),
             mask,
             ratio=self.clip_cov_ratio,
             lb=self.clip_cov_lb,
@@ -196,11 +196,11 @@ class KLCov(TokenCallback):
         """Per-token coefficients ``[B, T]`` from the global top-k. Must be called on every rank."""
         mask = context.mask
         means, n = _global_means(context)
-        cov = covariance_scores(context.advantages, context.old_logprobs, mask, means=means)
+        cov = covariance_scores(context.require("advantages"), context.require("old_logprobs"), mask, means=means)
         cut = global_top_k_cut(cov, mask, selection_count(n, self.kl_cov_ratio))
         coef = kl_cov_coefficients(
-            context.advantages,
-            context.old_logprobs,
+            context.require("advantages"),
+            context.require("old_logprobs"),
             mask,
             ratio=self.kl_cov_ratio,
             coef=self.ppo_kl_coef,
@@ -245,8 +245,8 @@ class HighEntropySelection(TokenCallback):
         """Keep mask from the global top-k. Must be called on every rank."""
         mask = context.mask
         n = int(all_reduce_sum(mask.sum().to(torch.float64)).item())
-        cut = global_top_k_cut(context.entropy, mask, high_entropy_count(n, self.rho))
-        keep = high_entropy_mask(context.entropy, mask, rho=self.rho, cut=cut)
+        cut = global_top_k_cut(context.require("entropy"), mask, high_entropy_count(n, self.rho))
+        keep = high_entropy_mask(context.require("entropy"), mask, rho=self.rho, cut=cut)
         self.count_tokens(mask, ~keep)
         c = self.reduce_counts()
         metrics = {self.tag("frac"): self.share(c["acted_on"], c["tokens"]), self.tag("threshold"): cut.threshold}
@@ -305,7 +305,8 @@ class AdaptiveEntropyBonus(TokenCallback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         name = self.describe()
-        current = pl_module.loss_coefficients()
+        loss_coefficients = getattr(pl_module, "loss_coefficients", None)
+        current = loss_coefficients() if callable(loss_coefficients) else {}
         if "entropy_coef" not in current:
             raise TypeError(f"{name} needs {type(pl_module).__name__}.loss_coefficients() to include 'entropy_coef'")
         if self.coef is None:
@@ -317,7 +318,7 @@ class AdaptiveEntropyBonus(TokenCallback):
             raise RuntimeError(f"{self.describe()} has no coefficient yet: pass initial_coef or let setup() read it")
         mask = context.mask
         self.count_tokens(mask)
-        self.count("entropy_sum", torch.where(mask, context.entropy.to(torch.float64), 0.0).sum())
+        self.count("entropy_sum", torch.where(mask, context.require("entropy").to(torch.float64), 0.0).sum())
         c = self.reduce_counts()
         self.coef = adaptive_entropy_coef(
             self.coef,

@@ -59,9 +59,11 @@ class RandomNegativeMasking(TokenCallback):
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask with Clip_B's count of random A < 0 tokens removed. Must be called on every rank."""
-        mask, advantages = context.mask, context.advantages
-        moments = all_reduce_sum(masked_moments(context.discriminator, finite_mask(context.discriminator, mask)))
-        clip_keep = clip_b_mask(context.discriminator, advantages, mask, mu=self.mu, moments=moments)
+        mask, advantages = context.mask, context.require("advantages")
+        moments = all_reduce_sum(
+            masked_moments(context.require("discriminator"), finite_mask(context.require("discriminator"), mask))
+        )
+        clip_keep = clip_b_mask(context.require("discriminator"), advantages, mask, mu=self.mu, moments=moments)
         count = int((mask & ~clip_keep).sum())
         candidates = (mask & (advantages < 0)).flatten().nonzero().squeeze(-1).cpu()
         rank = int(getattr(trainer, "global_rank", 0) or 0)

@@ -64,13 +64,13 @@ class SpuriousTokenSilencing(TokenCallback):
 
     def keep_mask(self, trainer: Any, pl_module: Any, context: TokenMaskContext) -> Tensor:
         """Keep mask with the global entropy threshold. Call on every rank."""
-        mask, advantages = context.mask, context.advantages
-        threshold = global_quantile(context.entropy, mask, self.entropy_quantile)
+        mask, advantages = context.mask, context.require("advantages")
+        threshold = global_quantile(context.require("entropy"), mask, self.entropy_quantile)
         keep = mask.clone()
         if math.isfinite(threshold):
             keep = s2t_mask(
-                context.old_logprobs, context.entropy, advantages, mask, prob_threshold=self.prob_threshold,
-                entropy_quantile=self.entropy_quantile, entropy_threshold=threshold,
+                context.require("old_logprobs"), context.require("entropy"), advantages, mask,
+                prob_threshold=self.prob_threshold, entropy_quantile=self.entropy_quantile, entropy_threshold=threshold,
             )  # fmt: skip
         pos = mask & (advantages > 0)
         self.count_tokens(mask, ~keep)

@@ -136,8 +136,10 @@ class RolloutWorker:
         return "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)"
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to stop after its current command and wait up to ``timeout_s`` for it (a hung worker
-        stays behind as a daemon thread)."""
+        """Drop the commands not yet started, ask the worker to stop after its current one and wait up to
+        ``timeout_s`` for it (a hung worker stays behind as a daemon thread)."""
+        with self.commands.mutex:  # batches in flight at the end of a run are not generated for nothing
+            self.commands.queue.clear()
         self.commands.put(("stop", None, None))
         if self.thread is not threading.current_thread():
             self.thread.join(timeout_s)

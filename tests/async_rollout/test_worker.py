@@ -151,3 +151,24 @@ def test_dynamic_sampling_with_async_rollouts_is_refused_before_training(tiny_mo
             sampling=TrainingSamplingConfig(filter_groups=True),
             async_rollout=AsyncRolloutConfig(),
         )
+
+
+def test_close_drops_the_batches_not_started():
+    started = threading.Event()
+    release = threading.Event()
+    generated = []
+
+    def generate(batch):
+        started.set()
+        release.wait(5.0)
+        generated.append(batch)
+        return batch
+
+    worker = RolloutWorker(generate, lambda w, v: None)
+    for ticket in range(3):
+        worker.submit(ticket, ticket)
+    assert started.wait(5.0)
+    worker.close(timeout_s=0.0)
+    release.set()
+    worker.thread.join(5.0)
+    assert generated == [0] and not worker.thread.is_alive()

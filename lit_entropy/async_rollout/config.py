@@ -68,9 +68,9 @@ class AsyncRolloutConfig:
 
     @staticmethod
     def hparams(config: AsyncRolloutConfig | None) -> dict[str, Any]:
-        """``{"async_rollout": its fields}`` for HPARAMS and checkpoints; empty when off (a synchronous run's
-        hyperparameters are those of the runs before this setting existed)."""
-        return {} if config is None else {"async_rollout": asdict(config)}
+        """``{"async_rollout": its fields}`` for HPARAMS and checkpoints (None when off: every group of the module
+        is in HPARAMS, as ``model.multi_turn`` and ``model.ppo`` are)."""
+        return {"async_rollout": None if config is None else asdict(config)}
 
     @property
     def depth(self) -> int:
@@ -97,7 +97,7 @@ def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None)
 
     Raises:
         ValueError: ``model.async_rollout`` with ``model.sampling.filter_groups`` (a step without an update would
-            leave a taken batch untrained: not supported yet).
+            leave a taken batch untrained) or with ``model.multi_turn``: not supported yet.
     """
     if config is None:
         return settings
@@ -105,6 +105,8 @@ def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None)
         raise ValueError(
             "model.async_rollout with model.sampling.filter_groups=true is not supported yet: set one of them off"
         )
+    if settings.multi_turn is not None:  # its environment loop runs in the module's generate, not the worker's
+        raise ValueError("model.async_rollout with model.multi_turn is not supported yet: set one of them to null")
     loss = settings.loss
     correction = config.corrected(loss.rollout_correction)
     return (

@@ -97,7 +97,7 @@ def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None)
 
     Raises:
         ValueError: ``model.async_rollout`` with ``model.sampling.filter_groups`` (a step without an update would
-            leave a taken batch untrained) or with ``model.multi_turn``: not supported yet.
+            leave a taken batch untrained: not supported yet; ``model.multi_turn`` refuses it in its own check).
     """
     if config is None:
         return settings
@@ -105,8 +105,6 @@ def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None)
         raise ValueError(
             "model.async_rollout with model.sampling.filter_groups=true is not supported yet: set one of them off"
         )
-    if settings.multi_turn is not None:  # its environment loop runs in the module's generate, not the worker's
-        raise ValueError("model.async_rollout with model.multi_turn is not supported yet: set one of them to null")
     loss = settings.loss
     correction = config.corrected(loss.rollout_correction)
     return (

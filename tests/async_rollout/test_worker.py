@@ -172,13 +172,3 @@ def test_close_drops_the_batches_not_started():
     release.set()
     worker.thread.join(5.0)
     assert generated == [0] and not worker.thread.is_alive()
-
-
-def test_multi_turn_with_async_rollouts_is_refused_before_training(tiny_model_dir):
-    from lit_entropy.agents.config import MultiTurnConfig
-    from lit_entropy.module import RFTModule
-    from lit_entropy.settings import PolicyConfig
-
-    multi_turn = MultiTurnConfig(environment="tests.agents._agents:Guess", max_turns=2)
-    with pytest.raises(ValueError, match="model.async_rollout with model.multi_turn is not supported yet"):
-        RFTModule(PolicyConfig(tiny_model_dir), multi_turn=multi_turn, async_rollout=AsyncRolloutConfig())

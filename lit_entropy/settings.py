@@ -224,11 +224,11 @@ class LossConfig:
         if isinstance(self.rollout_correction, Mapping):  # a checkpoint stores the nested group as a dict
             object.__setattr__(self, "rollout_correction", RolloutCorrectionConfig(**self.rollout_correction))
         POLICY_LOSSES.check("model.loss.policy_loss", self.policy_loss, importer=import_object)
-        if self.loss_agg_mode is None:  # frozen: the resolved mode is stored once, so HPARAMS show what ran
-            object.__setattr__(self, "loss_agg_mode", default_loss_agg_mode(self.policy_loss))
+        mode = self.loss_agg_mode if self.loss_agg_mode is not None else default_loss_agg_mode(self.policy_loss)
+        object.__setattr__(self, "loss_agg_mode", mode)  # frozen: the resolved mode is stored, so HPARAMS show it
         check_policy_loss_args(
             clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
-            loss_agg_mode=self.loss_agg_mode, loss_scale_factor=self.loss_scale_factor, prefix="model.loss.",
+            loss_agg_mode=mode, loss_scale_factor=self.loss_scale_factor, prefix="model.loss.",
         )  # fmt: skip
         check_dual_clip(self.policy_loss, self.clip_ratio_c)
         check_policy_loss_options(self.policy_loss, self.policy_loss_options)
@@ -409,7 +409,7 @@ class RFTSettings:
     def to_hparams(self) -> dict[str, Any]:
         """Plain-data form for checkpoints and HPARAMS (a custom optimizer callable is left out)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out = {k: asdict(v) if is_dataclass(v) else v for k, v in out.items()}
+        out = {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in out.items()}
         out["optim"].pop("optimizer", None)
         return out
 

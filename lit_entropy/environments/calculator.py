@@ -90,7 +90,8 @@ def calculate(expression: str) -> str:
 
 def _evaluate(node: ast.AST) -> int | float:
     """The value of one node of an arithmetic syntax tree; anything but numbers and arithmetic is refused."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    # bool is an int subclass: refused like any other non-number constant
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))

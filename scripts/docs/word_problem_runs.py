@@ -84,13 +84,20 @@ def launch(seeds: list[int], steps: int, out: Path, jobs: int) -> list[str]:
 
 
 def collect(out: Path, seeds: list[int]) -> dict[str, Any]:
-    """Before/after validation and per-step phase seconds of every run under ``out``."""
+    """Before/after validation and per-step phase seconds of every run under ``out``.
+
+    A run without a validation after its last step (stopped, killed, still going) is kept as ``unfinished``.
+    """
     runs: dict[str, dict[str, Any]] = {}
     for seed in seeds:
+        start = read_scalars(out / f"grpo_s{seed}" / "version_0") if (out / f"grpo_s{seed}").exists() else {}
         for method in CONFIGS:
-            scalars = read_scalars(out / f"{method}_s{seed}" / "version_0")
-            start = scalars if method == "grpo" else read_scalars(out / f"grpo_s{seed}" / "version_0")
-            last = max(step for step, _ in scalars[VAL_TAGS[0]])
+            run_dir = out / f"{method}_s{seed}" / "version_0"
+            scalars = read_scalars(run_dir) if run_dir.exists() else {}
+            last = max((step for step, _ in scalars.get(VAL_TAGS[0], [])), default=0)
+            if last == 0 or value_at(start.get(VAL_TAGS[0], []), 0) is None:  # no validation after training
+                runs[f"{method}_s{seed}"] = {"method": method, "seed": seed, "unfinished": True}
+                continue
             phases = {name: [v for _, v in scalars.get(f"perf/time_{name}_s", [])] for name in PHASES}
             runs[f"{method}_s{seed}"] = {
                 "method": method,
@@ -111,16 +118,22 @@ def tables(runs: dict[str, dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs.values():
+        if run.get("unfinished"):
+            lines.append(f"| {run['method']} | {run['seed']} | not finished | | | | | |")
+            continue
         before, after = run["before"], run["after"]
         seconds = " / ".join(f"{s:.0f}" for s in run["step_seconds"])
         lines.append(
             f"| {run['method']} | {run['seed']} | {run['steps']} | {before[VAL_TAGS[0]]:.3f} | {after[VAL_TAGS[0]]:.3f}"
             f" | {before[VAL_TAGS[1]]:.3f} | {after[VAL_TAGS[1]]:.3f} | {seconds} |"
         )
-    lines += ["", "| method | tag | before: mean [95 % t interval] | after: mean [95 % t interval] | after - before |"]
-    lines.append("|---|---|---|---|---|")
+    lines += [
+        "",
+        "| method | tag | runs | before: mean [95 % t interval] | after: mean [95 % t interval] | after - before |",
+    ]
+    lines.append("|---|---|---|---|---|---|")
     for method in CONFIGS:
-        chosen = [run for run in runs.values() if run["method"] == method]
+        chosen = [run for run in runs.values() if run["method"] == method and not run.get("unfinished")]
         for tag in VAL_TAGS:
             cells = []
             for when in ("before", "after"):
@@ -128,7 +141,7 @@ def tables(runs: dict[str, dict[str, Any]]) -> str:
                 cells.append(f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]")
             change = t_interval([run["after"][tag] - run["before"][tag] for run in chosen])
             cells.append(f"{change.estimate:+.3f} [{change.low:+.3f}, {change.high:+.3f}]")
-            lines.append(f"| {method} | `{tag}` | " + " | ".join(cells) + " |")
+            lines.append(f"| {method} | `{tag}` | {len(chosen)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

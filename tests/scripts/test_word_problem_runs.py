@@ -44,7 +44,12 @@ def test_collect_and_tables(tmp_path):
         write_run(tmp_path / f"grpo_s{seed}" / "version_0", {0: start, 2: grpo_end}, steps=2)
         write_run(tmp_path / f"clip_b_s{seed}" / "version_0", {2: clip_end}, steps=2)  # no step-0 validation
 
-    collected = runs.collect(tmp_path, [0, 1])
+    # seed 2: the GRPO run validated its start but was stopped before its end; Clip_B never started
+    write_run(tmp_path / "grpo_s2" / "version_0", {0: (0.5, 1.0)}, steps=1)
+
+    collected = runs.collect(tmp_path, [0, 1, 2])
+    assert collected["grpo_s2"] == {"method": "grpo", "seed": 2, "unfinished": True}
+    assert collected["clip_b_s2"] == {"method": "clip_b", "seed": 2, "unfinished": True}
     clip_b0 = collected["clip_b_s0"]
     assert clip_b0["steps"] == 2
     assert clip_b0["before"] == {"val/avg@4": 0.0625, "val/pass@4": 0.25}  # the GRPO run's step 0, same seed
@@ -57,7 +62,9 @@ def test_collect_and_tables(tmp_path):
     # GRPO avg@4 before: seeds 0.0625, 0.125 -> mean 0.09375; t_{0.975,1} = 12.706, sd = 0.0625 / sqrt(2)
     half = 12.7062047 * (0.0625 / math.sqrt(2)) / math.sqrt(2)
     low, high = 0.09375 - half, 0.09375 + half
+    assert "| grpo | 2 | not finished | | | | | |" in table
     row = next(line for line in table.splitlines() if line.startswith("| grpo | `val/avg@4`"))
+    assert row.startswith("| grpo | `val/avg@4` | 2 | ")  # the unfinished seed is left out of the mean
     assert f"0.094 [{low:.3f}, {high:.3f}]" in row
     # after - before per seed: +0.0625, 0 -> mean +0.031
     assert row.split(" | ")[-1].startswith("+0.031 [")

@@ -97,7 +97,12 @@ def test_calculate_errors() -> None:
 
 
 def test_splits_are_disjoint_and_cover_every_problem_with_right_answers() -> None:
-    splits = {"train": train_rows(), "validation": validation_rows(), "test": calculator_test_rows()}
+    assert validation_rows() == make_calculator_examples("validation", 128)
+    splits = {
+        "train": train_rows(),
+        "validation": make_calculator_examples("validation"),
+        "test": calculator_test_rows(),
+    }
     assert {k: len(v) for k, v in splits.items()} == {"train": 27000, "validation": 1500, "test": 1500}
     prompts = [r["prompt"] for rows in splits.values() for r in rows]
     expected = {f"{a}{op}{b}=" for op in "+-*" for a in range(100) for b in range(100)}
@@ -119,9 +124,8 @@ def _split_prompt(prompt: str) -> tuple[int, str, int]:
 def test_seed_orders_within_a_split_and_prefixes() -> None:
     a = make_calculator_examples("validation", 50, seed=1)
     assert make_calculator_examples("validation", 10, seed=1) == a[:10]
-    assert {r["prompt"] for r in make_calculator_examples("validation", seed=2)} == {
-        r["prompt"] for r in validation_rows()
-    }
+    every = {r["prompt"] for r in make_calculator_examples("validation")}
+    assert {r["prompt"] for r in make_calculator_examples("validation", seed=2)} == every
     assert make_calculator_examples("validation", 50, seed=2) != a
     with pytest.raises(ValueError, match="num_examples"):
         make_calculator_examples("test", 1501)

@@ -74,7 +74,7 @@ def write_figures(results_path: Path, curves_path: Path, out_dir: Path) -> list[
             ax.plot(smooth.index, smooth["mean"], color=ARM_COLOURS[arm], label=arm)
             ax.fill_between(smooth.index, smooth["min"], smooth["max"], color=ARM_COLOURS[arm], alpha=0.15)
         ax.set_xlabel("training step")
-        ax.set_ylabel(f"{CURVE[task]} (5-step mean; band: seeds' range)")
+        ax.set_ylabel("train reward, 5-step mean (band: seeds)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         seeds = task_rows.seed.nunique()

@@ -51,7 +51,8 @@ MAX_TOP_LEVEL_MODULES = 6
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
-# issue 33.5's 12, plus issue 37's model.async_rollout and issue 36's model.multi_turn (groups of their own by those issues)
+# issue 33.5's 12, plus issue 37's model.async_rollout and issue 36's model.multi_turn
+# (groups of their own by those issues)
 MAX_MODULE_GROUPS = 14
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 

@@ -10,10 +10,8 @@ worker never keeps the process (or pytest) alive.
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import torch
 
 from lit_entropy.functional.sampling import thread_generator
+from lit_entropy.internals.threads import thread_stack
 
 __all__ = ["Generated", "RolloutWorker", "RolloutWorkerError", "RolloutWorkerHung"]
 
@@ -132,8 +131,7 @@ class RolloutWorker:
 
     def stack(self) -> str:
         """The worker thread's current Python stack (for a hung worker's error)."""
-        frame = sys._current_frames().get(self.thread.ident or -1)
-        return "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)"
+        return thread_stack(self.thread.ident)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Drop the commands not yet started, ask the worker to stop after its current one and wait up to

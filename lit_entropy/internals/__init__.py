@@ -16,6 +16,8 @@ message instead of a run. The rest of the package uses the public API, or these 
 - :mod:`~lit_entropy.internals.vllm`: detaching an engine client's finaliser.
 - :mod:`~lit_entropy.internals.cli`: the settings a jsonargparse parser accepts with their types, and the
   parser LightningCLI built for a subcommand (for the one-line settings errors).
+- :mod:`~lit_entropy.internals.threads`: another thread's Python stack (``sys._current_frames``), for the error
+  of a hung rollout worker.
 - :mod:`~lit_entropy.internals.noise`: Lightning's info lines and warnings that say nothing to a user (its
   rank-zero logger names, message texts), silenced on ``import lit_entropy``.
 """

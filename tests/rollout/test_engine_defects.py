@@ -107,12 +107,29 @@ def test_a_resumed_run_pushes_before_its_first_rollout_without_initial_sync():
 
 
 def test_the_module_syncs_at_the_current_step_before_generating():
-    import inspect
+    """The synchronous step (``model.async_rollout: null``, what ``training_step`` takes its batch from) pushes the
+    policy at the module's current step, then generates with that engine: a resumed run never samples stale weights."""
+    from types import SimpleNamespace
 
-    from lit_entropy.module import RFTModule
+    from lit_entropy.async_rollout.pipeline import SynchronousRollouts
 
-    source = inspect.getsource(RFTModule.training_step)
-    assert source.index("sync_weights(self.policy, self.global_step)") < source.index("self.generate(")
+    calls: list[str] = []
+    engine, policy = _engine(_FakeLLM(calls), initial_sync=False), nn.Linear(2, 2)
+    batch = {"input_ids": torch.tensor([[2, 3]]), "attention_mask": torch.ones(1, 2)}
+    sampling = SamplingConfig(2, max_new_tokens=2)
+
+    def generate(batch, sampling):
+        return engine.generate(policy, batch["input_ids"], batch["attention_mask"], sampling)
+
+    host = SimpleNamespace(
+        rollout_engine=engine,
+        policy=policy,
+        global_step=5,
+        generate=generate,
+        settings=SimpleNamespace(sampling=sampling),
+    )
+    taken_batch, _ = SynchronousRollouts().take(host, batch)
+    assert taken_batch is batch and calls == ["push:2", "generate"]
 
 
 def _push_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:

@@ -150,7 +150,7 @@ def expected_turns_random_consistent(n: int) -> float:
     for a hidden number uniform over ``n`` values (no turn limit): ``2 (1 + 1/n) H_n - 3``.
 
     >>> round(expected_turns_random_consistent(16), 3)
-    4.18
+    4.184
     """
     harmonic = sum(1 / k for k in range(1, n + 1))
     return 2 * (1 + 1 / n) * harmonic - 3

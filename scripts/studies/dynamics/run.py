@@ -120,9 +120,9 @@ def _module(
         would give each of them a ~300x larger step than plain GRPO; (b) compares equal per-token steps.
         """
 
-        def make_experience(self, rollout, rewards):
+        def make_experience(self, rollout, rewards, batch=None):
             self.response_tokens = float(rollout.response_mask.sum())
-            return super().make_experience(rollout, rewards)
+            return super().make_experience(rollout, rewards, batch)
 
         def loss_normalizer(self, mask):
             return max(self.response_tokens, 1.0)

@@ -205,11 +205,12 @@ class PassStatistics(RowTensors):
 
 @dataclass(kw_only=True)
 class UpdateInputs(RowTensors):
-    """What the advantage estimator, the callbacks and the rollout correction add for the update, ``[N, T]``."""
+    """What the advantage estimator, the callbacks and the rollout correction add for the update, ``[N, T]``; each
+    None when off, but the loss mask, which every update reads."""
 
     returns: Tensor | None = row_field()
     """GAE returns (PPO); None otherwise."""
-    loss_mask: Tensor | None = row_field()
+    loss_mask: Tensor = row_field(required=True)
     """bool, the response mask AND every callback's keep mask (set by ``build_experience``)."""
     penalty: Tensor | None = row_field()
     """Coefficients of ``|log p - log p_old|`` from penalty callbacks, or None."""

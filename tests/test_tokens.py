@@ -66,7 +66,7 @@ def test_every_declared_field_is_a_keyword_field_of_its_holders():
     with pytest.raises(TypeError):  # built by keyword, never by position
         Experience(_rollout(torch.Generator().manual_seed(0)), torch.zeros(N))
     required = {f.name for f in ROLLOUT_FIELDS if f.required}
-    assert required == {"rewards", "advantages", "old_logprobs", "entropy", "discriminator"}
+    assert required == {"rewards", "advantages", "old_logprobs", "entropy", "discriminator", "loss_mask"}
     assert [f.name for f in ROLLOUT_FIELDS if not f.per_token] == ["rewards"]
     with pytest.raises(TypeError, match="discriminator"):
         Experience(rollout=None, **{k: torch.zeros(N, T) for k in required if k != "discriminator"})
@@ -80,7 +80,8 @@ def test_every_declared_field_is_a_keyword_field_of_its_holders():
 def test_the_fields_are_visible_to_a_type_checker():
     """The annotations mypy reads: Experience's required fields are ``Tensor``, the context's ``Tensor | None``."""
     hints = typing.get_type_hints(tokens.RolloutRows)
-    assert hints["loss_mask"] == torch.Tensor | None and hints["entropy"] is tokens.Filled
+    assert hints["penalty"] == torch.Tensor | None and hints["entropy"] is tokens.Filled
+    assert hints["loss_mask"] is torch.Tensor
     assert typing.get_type_hints(tokens.RowScores)["rewards"] is tokens.Filled
     assert typing.get_args(TokenMaskContext.__orig_bases__[1]) == (torch.Tensor | None,)
     assert typing.get_args(tokens.RolloutRows.__orig_bases__[2]) == (torch.Tensor,)

@@ -11,10 +11,19 @@ back to full logits.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["forward_with_positions", "lm_head_params", "logits_head", "response_hidden_states"]
+__all__ = [
+    "CausalLMOutput",
+    "final_hidden_states",
+    "forward_with_positions",
+    "lm_head_params",
+    "logits_head",
+    "response_hidden_states",
+]
 
 # Config attributes that make logits != lm_head(hidden), with the value that means "off".
 _LOGIT_TRANSFORMS = {
@@ -25,9 +34,22 @@ _LOGIT_TRANSFORMS = {
 }
 
 
+class CausalLMOutput(Protocol):
+    """What the library reads of a Hugging Face causal LM's output (``CausalLMOutputWithPast``)."""
+
+    @property
+    def logits(self) -> Tensor:
+        """``[n, K, V]`` at the ``logits_to_keep`` positions."""
+
+    @property
+    def hidden_states(self) -> tuple[Tensor, ...] | None:
+        """Every layer's hidden states ``[n, L, H]`` (the last after the final norm) with ``output_hidden_states``,
+        else None."""
+
+
 def forward_with_positions(
     model: nn.Module, sequences: Tensor, attention_mask: Tensor, *, logits_to_keep: Tensor, hidden: bool
-) -> object:
+) -> CausalLMOutput:
     """The model's forward on left-padded rows with position ids that skip the padding (as generation used).
 
     Args:
@@ -72,11 +94,17 @@ def response_hidden_states(model: nn.Module, sequences: Tensor, attention_mask: 
         )
     no_position = torch.empty(0, dtype=torch.long, device=sequences.device)
     out = forward_with_positions(model, sequences, attention_mask, logits_to_keep=no_position, hidden=True)
+    # Only the last entry is kept; dropping ``out`` frees the other layers' outputs.
+    return final_hidden_states(out, model)[:, length - response_len - 1 : length - 1]
+
+
+def final_hidden_states(out: CausalLMOutput, model: nn.Module) -> Tensor:
+    """The last layer's hidden states ``[n, L, H]`` of ``model``'s output ``out`` (run with
+    ``output_hidden_states=True``); a ValueError naming the model when it returned none."""
     hidden_states = getattr(out, "hidden_states", None)
     if not hidden_states:
         raise ValueError(f"{type(model).__name__} returned no hidden_states with output_hidden_states=True")
-    # Only the last entry is kept; dropping ``out`` frees the other layers' outputs.
-    return hidden_states[-1][:, length - response_len - 1 : length - 1]
+    return hidden_states[-1]
 
 
 def logits_head(model: nn.Module) -> nn.Module | None:

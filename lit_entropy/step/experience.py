@@ -62,24 +62,29 @@ class RolloutStatistics(PassStatistics, PolicyStatistics[Tensor]):
     ) -> RolloutStatistics:
         """The statistics of the policy's pass (``stats``), the reference's log-probs and the critic's values,
         detached; ``update_forward`` keeps the policy passes' graphs when the update reuses them."""
-        policy = {
-            "old_logprobs": stats.logprobs,
-            "entropy": stats.entropy,
-            "discriminator": stats.discriminator,
-            "policy_average": stats.policy_average,
-        }
-        passes = {"ref_logprobs": ref_logprobs, "old_values": old_values, "kept_log_mass": kept_log_mass}
-        out = cls(**policy, **passes, update_forward=update_forward)
+        out = cls(
+            old_logprobs=stats.logprobs,
+            entropy=stats.entropy,
+            discriminator=stats.discriminator,
+            policy_average=stats.policy_average,
+            ref_logprobs=ref_logprobs,
+            old_values=old_values,
+            kept_log_mass=kept_log_mass,
+            update_forward=update_forward,
+        )
         return out.detach()
 
     @classmethod
     def in_row_order(cls, parts: list[tuple[Tensor | slice, RolloutStatistics]], width: int) -> RolloutStatistics:
         """The statistics of the forwards of one batch as one: parts over slices are concatenated in order; parts
         over index tensors (token-budget micro-batches, trimmed) are widened to ``width`` columns and put back in row
-        order, empty ones (which only kept the ranks in step) dropped."""
-        if all(isinstance(index, slice) for index, _ in parts):
+        order, empty ones (which only kept the ranks in step) dropped. A plan is all slices or all index tensors."""
+        indexed = [(index, stats) for index, stats in parts if isinstance(index, Tensor)]
+        if not indexed:
             return cls.cat([stats for _, stats in parts])
-        kept = [(index, stats) for index, stats in parts if index.numel()]
+        if len(indexed) != len(parts):
+            raise ValueError("RolloutStatistics.in_row_order: the parts mix slices and row-index tensors")
+        kept = [(index, stats) for index, stats in indexed if index.numel()]
         out = cls.cat([stats.widen_columns(width) for _, stats in kept])
         return out.rows(torch.argsort(torch.cat([index for index, _ in kept])))
 
@@ -116,7 +121,7 @@ class Experience(RolloutRows):
         """The :class:`~lit_entropy.protocol.TokenMaskContext` that callbacks read for this batch."""
         return TokenMaskContext.of(self, mask=self.response_mask)
 
-    def rows(self, index: Tensor) -> Experience:
+    def rows(self, index: Tensor | slice) -> Experience:
         """The selected rows of every row tensor and of the rollout (``update_forward``, which covers all rows,
         is dropped)."""
         return super().rows(index).with_row_tensors({}, rollout=self.rollout.select(index), update_forward=None)
@@ -184,6 +189,7 @@ def token_advantages(
             takes it by name or by ``**extra``.
     """
     name = settings.advantages.estimator
+    assert name is not None, "RFTSettings fills in the algorithm's default estimator"
     estimator = ADVANTAGE_ESTIMATORS[name]
     parameters = inspect.signature(estimator).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -211,13 +217,14 @@ def rollout_mismatch(
         settings: the run's settings.
     """
     config = settings.loss.rollout_correction
-    if not config.enabled:
+    level = config.level
+    if level is None:  # the correction is off (``config.enabled``)
         return None, mismatch_sums(trainer_logprobs, rollout_logprobs, mask)
     correction = rollout_correction(
-        trainer_logprobs, rollout_logprobs, mask, level=config.level, mode=config.mode, upper=config.upper,
+        trainer_logprobs, rollout_logprobs, mask, level=level, mode=config.mode, upper=config.upper,
         lower=config.lower,
     )  # fmt: skip
-    return correction.weights, mismatch_sums(trainer_logprobs, rollout_logprobs, mask, correction, level=config.level)
+    return correction.weights, mismatch_sums(trainer_logprobs, rollout_logprobs, mask, correction, level=level)
 
 
 def build_experience(

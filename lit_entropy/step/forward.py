@@ -13,7 +13,12 @@ import torch
 from torch import Tensor, nn
 
 from lit_entropy.functional.entropy import EntropyStats, entropy_stats, linear_entropy_loss, linear_entropy_stats
-from lit_entropy.models.hidden_states import forward_with_positions, lm_head_params, response_hidden_states
+from lit_entropy.models.hidden_states import (
+    final_hidden_states,
+    forward_with_positions,
+    lm_head_params,
+    response_hidden_states,
+)
 from lit_entropy.rollout.base import RolloutBatch
 from lit_entropy.step.packing import check_packing_attention, pack_rows, packed_forward, packs_in_bins, unpack_rows
 
@@ -48,7 +53,7 @@ def response_logits(
     # An index tensor (not a count) keeps the logits contiguous, so the vocabulary pass needs no strided views.
     keep = torch.arange(length - response_len - 1, length - 1, device=sequences.device)
     out = forward_with_positions(model, sequences, attention_mask, logits_to_keep=keep, hidden=hidden)
-    return out.logits, (out.hidden_states[-1][:, keep] if hidden else None)
+    return out.logits, (final_hidden_states(out, model)[:, keep] if hidden else None)
 
 
 @dataclass
@@ -99,7 +104,7 @@ def response_forward(
     if blockwise and uses_blockwise_head(model):
         states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
         # Read the head after the forward: under FSDP2 its weight is gathered only from the root's forward on.
-        weight, bias = lm_head_params(model)
+        weight, bias = _linear_head(model)
         # Only real response tokens go through the vocabulary pass (verl's "remove padding"): positions after
         # EOS are masked out of every loss and statistic, and skipping them saves their share of the head's
         # matmuls forward and backward. They read 0 in the returned [n, T] tensors.
@@ -107,15 +112,14 @@ def response_forward(
         flat = linear_entropy_stats(
             states[mask], weight, responses[mask], bias=bias, temperature=temperature, policy_average=policy_average
         )
-        stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
-        return ResponseForward(stats=stats, hidden=states if hidden else None)
-    logits, states = response_logits(
+        return ResponseForward(stats=_unpack_stats(flat, mask), hidden=states if hidden else None)
+    logits, last_hidden = response_logits(
         model, rollout.sequences, rollout.attention_mask, responses.shape[1], hidden=hidden
     )
     stats = entropy_stats(
         logits, responses, temperature=temperature, chunk_size=chunk_size, policy_average=policy_average
     )
-    return ResponseForward(stats=stats, hidden=states)
+    return ResponseForward(stats=stats, hidden=last_hidden)
 
 
 def _packed_response_forward(
@@ -132,24 +136,24 @@ def _packed_response_forward(
     check_packing_attention(model)
     head = blockwise and uses_blockwise_head(model)
     rows, mask = pack_rows(rollout, binned=head and packs_in_bins(model)), rollout.response_mask
-    logits, states = packed_forward(model, rows, logits=not head)
     if head:
-        weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
+        states = packed_forward(model, rows)[1]
+        weight, bias = _linear_head(model)  # after the forward (FSDP2 gathers the head there)
         flat = linear_entropy_stats(
             states, weight, rows.targets, bias=bias, temperature=temperature, policy_average=policy_average
         )
     else:
+        logits, states = packed_forward(model, rows, logits=True)
         flat = entropy_stats(
             logits, rows.targets, temperature=temperature, chunk_size=chunk_size, policy_average=policy_average
         )
-    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
-    return ResponseForward(stats=stats, hidden=unpack_rows(states, mask) if hidden else None)
+    return ResponseForward(stats=_unpack_stats(flat, mask), hidden=unpack_rows(states, mask) if hidden else None)
 
 
 def blockwise_response_loss(
     model: nn.Module,
     rollout: RolloutBatch,
-    loss_of: Callable[[EntropyStats], Tensor],
+    loss_of: Callable[[Tensor, Tensor], Tensor],
     *,
     temperature: float,
     packed: bool = False,
@@ -164,9 +168,9 @@ def blockwise_response_loss(
     Args:
         model: a Hugging Face causal LM with a plain linear head.
         rollout: the rows.
-        loss_of: maps per-token statistics (``logprobs`` and ``entropy`` ``[n, T]``, 0 off the response mask) to a
-            scalar that is a sum of per-token terms (every loss of :func:`~lit_entropy.step.update_loss` is); it is
-            called once per row chunk of the pass.
+        loss_of: maps the per-token ``(logprobs, entropy)`` (each ``[n, T]``, 0 off the response mask; the pass
+            forms no other statistic before the loss) to a scalar that is a sum of per-token terms (every loss of
+            :func:`~lit_entropy.step.update_loss` is); it is called once per row chunk of the pass.
         temperature: the sampling temperature.
         packed: run the model on the rows packed into one (:mod:`lit_entropy.step.packing`).
 
@@ -183,19 +187,38 @@ def blockwise_response_loss(
     else:
         states = response_hidden_states(model, rollout.sequences, rollout.attention_mask, responses.shape[1])
         flat_states, targets = states[mask], responses[mask]
-    weight, bias = lm_head_params(model)  # after the forward (FSDP2 gathers the head there)
+    weight, bias = _linear_head(model)  # after the forward (FSDP2 gathers the head there)
 
     def token_loss(logprobs: Tensor, entropy: Tensor) -> Tensor:
-        return loss_of(EntropyStats(_unpack(logprobs, mask), _unpack(entropy, mask), None, None))
+        return loss_of(_unpack(logprobs, mask), _unpack(entropy, mask))
 
     loss, flat = linear_entropy_loss(flat_states, weight, targets, token_loss, bias=bias, temperature=temperature)
-    stats = EntropyStats(*(None if t is None else _unpack(t, mask) for t in flat))
-    return loss, ResponseForward(stats=stats, hidden=states)
+    return loss, ResponseForward(stats=_unpack_stats(flat, mask), hidden=states)
+
+
+def _linear_head(model: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """:func:`~lit_entropy.models.hidden_states.lm_head_params` of a model the blockwise path was chosen for
+    (:func:`uses_blockwise_head`); a ValueError naming the model if its head is not a plain linear layer."""
+    params = lm_head_params(model)
+    if params is None:
+        raise ValueError(f"{type(model).__name__}'s LM head is not a plain linear layer: the blockwise pass needs one")
+    return params
 
 
 def _unpack(values: Tensor, mask: Tensor) -> Tensor:
     """``[M]`` values of the True positions of ``mask`` ``[n, T]`` -> ``[n, T]``, zeros elsewhere (differentiable)."""
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def _unpack_stats(flat: EntropyStats, mask: Tensor) -> EntropyStats:
+    """Every statistic of ``flat`` (``[M]`` each, the True positions of ``mask``) unpacked to ``[n, T]``."""
+    average = flat.policy_average
+    return EntropyStats(
+        _unpack(flat.logprobs, mask),
+        _unpack(flat.entropy, mask),
+        _unpack(flat.discriminator, mask),
+        None if average is None else _unpack(average, mask),
+    )
 
 
 def value_estimates(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +22,14 @@ __all__ = ["kept_set_log_mass"]
 #: ``(first token, last token + 1, out [r, V])`` -> the logits of those response tokens (written into ``out``, or a
 #: tensor of their own).
 LogitsChunk = Callable[[int, int, Tensor], Tensor]
+
+
+class KeptSetFilters(TypedDict):
+    """``model.sampling``'s top-k / top-p: the keywords of
+    :func:`~lit_entropy.functional.rollout_correction.kept_log_mass`."""
+
+    top_k: int
+    top_p: float
 
 
 @torch.no_grad()
@@ -49,7 +58,7 @@ def kept_set_log_mass(model: nn.Module, rollout: RolloutBatch, settings: RFTSett
         return out
     logits_of, vocab, dtype = _logits_chunks(model, rollout, settings, tokens)
     rows = settings.policy.logprob_chunk_size or default_chunk_rows(vocab, device=mask.device)
-    filters = {"top_k": sampling.top_k, "top_p": sampling.top_p}
+    filters = KeptSetFilters(top_k=sampling.top_k, top_p=sampling.top_p)
     _reduce_chunks(logits_of, tokens, out.view(-1), (rows, vocab, dtype), sampling.temperature, filters)
     return out
 
@@ -96,7 +105,7 @@ def _reduce_chunks(
     out: Tensor,
     buffer: tuple[int, int, torch.dtype],
     temperature: float,
-    filters: dict[str, float],
+    filters: KeptSetFilters,
 ) -> None:
     """``out[tokens] = kept_log_mass(logits / temperature, **filters)``, ``rows`` tokens at a time through two
     reused ``[rows, V]`` buffers (``buffer = (rows, V, dtype)``: the logits in the model's dtype, their float32

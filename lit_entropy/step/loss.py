@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from torch import Tensor, nn
 
@@ -17,6 +18,7 @@ from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, r
 
 __all__ = [
     "SHARE_TERMS",
+    "LossAggregation",
     "UpdateLoss",
     "UpdateTerms",
     "global_loss_normalizer",
@@ -30,6 +32,15 @@ SHARE_TERMS = frozenset({"pg_loss", "kl", "entropy_bonus", "token_penalty", "val
 """Terms of :class:`UpdateLoss` that are a micro-batch's share of its optimizer step's loss (divided by the step's
 global count): they add up over the step's micro-batches. The others (``approx_kl``, ``value_clip_frac``) are
 means over the micro-batch's own loss tokens (see :class:`UpdateTerms`)."""
+
+
+class LossAggregation(TypedDict):
+    """How every term of :func:`update_loss` is reduced over its tokens: the keywords of
+    :func:`~lit_entropy.functional.losses.aggregate_loss` that the settings and the optimizer step fix."""
+
+    loss_agg_mode: str
+    normalizer: float
+    loss_scale_factor: float
 
 
 @dataclass
@@ -120,12 +131,28 @@ def update_loss(
         normalizer: global denominator share of the optimizer step (see :func:`global_loss_normalizer`).
         values: current critic values ``[n, T]`` (PPO), else None.
     """
+    stats = forward.stats
+    return _update_loss(stats.logprobs, stats.entropy, rows, settings, normalizer=normalizer, values=values)
+
+
+def _update_loss(
+    logprobs: Tensor,
+    entropy: Tensor,
+    rows: Experience,
+    settings: RFTSettings,
+    *,
+    normalizer: float,
+    values: Tensor | None = None,
+) -> UpdateLoss:
+    """:func:`update_loss` of the current ``logprobs`` and ``entropy`` ``[n, T]`` of the sampled tokens (all a loss
+    reads of the forward: the blockwise pass forms the loss from these two alone)."""
     config, ppo = settings.loss, settings.ppo
-    stats, mask = forward.stats, rows.loss_mask
+    mask, mode = rows.loss_mask, config.loss_agg_mode
+    assert mode is not None, "LossConfig fills in the policy loss's default mode"
     scale = config.loss_scale_factor or settings.sampling.max_new_tokens
-    agg = {"loss_agg_mode": config.loss_agg_mode, "normalizer": normalizer, "loss_scale_factor": scale}
+    agg = LossAggregation(loss_agg_mode=mode, normalizer=normalizer, loss_scale_factor=scale)
     loss, pg = POLICY_LOSSES[config.policy_loss](
-        stats.logprobs,
+        logprobs,
         rows.old_logprobs,
         rows.advantages,
         mask,
@@ -138,19 +165,22 @@ def update_loss(
     )
     terms = {"pg_loss": loss.detach(), "approx_kl": pg.approx_kl}
     if config.kl_coef > 0:
-        kl = aggregate_loss(kl_penalty(stats.logprobs, rows.ref_logprobs, kind=config.kl_type), mask, **agg)
+        assert rows.ref_logprobs is not None, "a KL term comes with a reference pass (RFTModule.reference_logprobs)"
+        kl = aggregate_loss(kl_penalty(logprobs, rows.ref_logprobs, kind=config.kl_type), mask, **agg)
         loss = loss + config.kl_coef * kl
         terms["kl"] = kl.detach()
     entropy_coef = rows.coefficients.get("entropy_coef", config.entropy_coef)
     if entropy_coef != 0:
-        bonus = aggregate_loss(stats.entropy, mask, **agg)
+        bonus = aggregate_loss(entropy, mask, **agg)
         loss = loss - entropy_coef * bonus
         terms["entropy_bonus"] = bonus.detach()
     if rows.penalty is not None:
-        penalty = aggregate_loss(rows.penalty * (stats.logprobs - rows.old_logprobs).abs(), mask, **agg)
+        penalty = aggregate_loss(rows.penalty * (logprobs - rows.old_logprobs).abs(), mask, **agg)
         loss = loss + penalty
         terms["token_penalty"] = penalty.detach()
     if values is not None:
+        # Values come only with model.ppo, whose statistics pass and estimator fill the old values and the returns.
+        assert ppo is not None and rows.old_values is not None and rows.returns is not None
         v_loss, v_clip = value_loss(
             values, rows.old_values, rows.returns, mask, clip_range_value=ppo.clip_range_value, **agg
         )
@@ -192,7 +222,7 @@ def rows_update_loss(
         head_loss, forward = blockwise_response_loss(
             model,
             rows.rollout,
-            lambda stats: update_loss(ResponseForward(stats), rows, settings, normalizer=normalizer).loss,
+            lambda logprobs, entropy: _update_loss(logprobs, entropy, rows, settings, normalizer=normalizer).loss,
             temperature=options["temperature"],
             packed=options["packed"],
         )

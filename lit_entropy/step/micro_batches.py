@@ -16,6 +16,7 @@ divides by the mini-batch's global count (:func:`~lit_entropy.step.global_loss_n
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -131,13 +132,19 @@ def trim_rollout(rollout: RolloutBatch) -> RolloutBatch:
     )
 
 
-def micro_batches(rollout: RolloutBatch, update: UpdateConfig, index: Tensor | None = None) -> list[Tensor | slice]:
+@overload
+def micro_batches(rollout: RolloutBatch, update: UpdateConfig, index: Tensor) -> list[Tensor]: ...
+@overload
+def micro_batches(rollout: RolloutBatch, update: UpdateConfig, index: None = None) -> list[Tensor | slice]: ...
+def micro_batches(
+    rollout: RolloutBatch, update: UpdateConfig, index: Tensor | None = None
+) -> list[Tensor] | list[Tensor | slice]:
     """The forwards over the rows ``index`` (None: all) of ``rollout``: :func:`micro_batch_plan` under
     ``update.max_tokens_per_micro_batch`` (a collective), else consecutive ``update.micro_batch_size`` rows
     (slices when ``index`` is None)."""
     rows = rollout.response_mask.shape[0] if index is None else index.numel()
     if update.max_tokens_per_micro_batch is None:
-        slices = list(row_slices(rows, update.micro_batch_size))
+        slices: list[Tensor | slice] = list(row_slices(rows, update.micro_batch_size))
         return slices if index is None else [index[s] for s in slices]
     index = torch.arange(rows, device=rollout.response_mask.device) if index is None else index
     budget, rows_limit = update.max_tokens_per_micro_batch, update.micro_batch_size

@@ -22,6 +22,7 @@ Only the hidden states at the positions that predict response tokens are kept, i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -127,6 +128,10 @@ def pack_rows(rollout: RolloutBatch, *, binned: bool = False) -> PackedRows:
     return PackedRows(input_ids, position_ids, predict, rollout.responses[mask])
 
 
+@overload
+def packed_forward(model: nn.Module, packed: PackedRows, *, logits: Literal[True]) -> tuple[Tensor, Tensor]: ...
+@overload
+def packed_forward(model: nn.Module, packed: PackedRows, *, logits: Literal[False] = ...) -> tuple[None, Tensor]: ...
 def packed_forward(model: nn.Module, packed: PackedRows, *, logits: bool = False) -> tuple[Tensor | None, Tensor]:
     """The model on packed rows: logits ``[M, V]`` at the predicting positions (when ``logits``; one row only) and
     the last-layer hidden states ``[M, H]`` there (after the final norm)."""

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from lit_entropy.agents.config import MultiTurnConfig
 from lit_entropy.agents.environments import Environments, EnvironmentSession
 from lit_entropy.agents.template import ConversationRenderer
 from lit_entropy.agents.tools import TRUNCATION_MARKER
+from lit_entropy.distributed.collectives import all_reduce_max, is_distributed
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig
 from lit_entropy.rollout.trajectories import STOP_REASONS, Trajectories
 
@@ -97,13 +99,21 @@ class MultiTurnRollout:
         rows = self._start(batch, sampling.num_samples)
         budget, turn = sampling.max_new_tokens, 0
         device = batch["input_ids"].device
-        while live := [t for t in rows if t.stop is None]:
+        # A sharded (FSDP2) policy's forward is a collective: every rank runs the same rounds and asks the engine
+        # for the same number of tokens, a rank whose trajectories all ended generating for a throw-away row.
+        lockstep = isinstance(policy, FSDPModule) and is_distributed()
+        while True:
+            live = [t for t in rows if t.stop is None]
+            room = [budget - len(t.ids) for t in live]  # >= 1 for a live row: an answer leaving none ends it
+            width = max(room, default=0)
+            if lockstep:
+                width = int(all_reduce_max(torch.tensor([width], device=device)).item())
+            if width == 0:  # no live row (on any rank, in lockstep)
+                break
             last = turn == self.config.max_turns - 1
-            room = [budget - len(t.ids) for t in live]
-            turn_sampling = dataclasses.replace(sampling, num_samples=1, max_new_tokens=max(room))
-            out = engine.generate(
-                policy, *_left_pad([t.prompt + t.ids for t in live], self.pad_id, device), turn_sampling
-            )
+            turn_sampling = dataclasses.replace(sampling, num_samples=1, max_new_tokens=width)
+            contexts = [t.prompt + t.ids for t in live] or [rows[0].prompt]  # idle in lockstep: a throw-away row
+            out = engine.generate(policy, *_left_pad(contexts, self.pad_id, device), turn_sampling)
             for i, (row, left) in enumerate(zip(live, room, strict=True)):
                 self._policy_turn(row, out, i, left, last)
             turn += 1

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lit_entropy.functional.sampling import CategoricalSampler
@@ -53,6 +53,11 @@ class HFRolloutEngine(RolloutEngine):
     def generate(
         self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, sampling: SamplingConfig
     ) -> RolloutBatch:
+        if not isinstance(policy, GenerationMixin):
+            raise TypeError(
+                f"HFRolloutEngine samples with Hugging Face generate, which {type(policy).__name__} does not have "
+                "(a transformers GenerationMixin model, e.g. AutoModelForCausalLM)"
+            )
         was_training = policy.training
         policy.eval()
         # HF fills every generation setting left unset from the checkpoint's generation_config.json (Qwen2.5's
@@ -62,8 +67,8 @@ class HFRolloutEngine(RolloutEngine):
         greedy = sampling.temperature == 0  # evaluation only: argmax decoding, no sampler, no log-probs
         processors = LogitsProcessorList() if greedy else sampling_processors(sampling)
         sampler = None if greedy else processors[-1]
-        saved = getattr(policy, "generation_config", None)
-        policy.generation_config = GenerationConfig(bos_token_id=getattr(saved, "bos_token_id", None))
+        saved = policy.generation_config  # every transformers model that can generate has one
+        policy.generation_config = GenerationConfig(bos_token_id=saved.bos_token_id)
         try:
             # Greedy decoding over scores that the last processor has made one-hot at a sampled token: exact
             # sampling at ~5x less CPU than HF's softmax + torch.multinomial (see lit_entropy.functional.sampling).
@@ -140,12 +145,11 @@ def tall_lm_head(policy: nn.Module) -> Iterator[None]:
     """
     get_head = getattr(policy, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    weight = getattr(head, "weight", None)
     if (
         not isinstance(head, nn.Linear)
-        or weight.device.type != "cpu"
-        or weight.dtype != torch.float32
-        or type(weight.data) is not Tensor  # a DTensor (FSDP2) shard: keep the sharded module's own forward
+        or head.weight.device.type != "cpu"
+        or head.weight.dtype != torch.float32
+        or type(head.weight.data) is not Tensor  # a DTensor (FSDP2) shard: keep the sharded module's own forward
     ):
         yield
         return
@@ -161,8 +165,10 @@ def tall_lm_head(policy: nn.Module) -> Iterator[None]:
             tall += head.bias.unsqueeze(1)
         return tall.T.contiguous().view(*hidden.shape[:-1], -1)
 
-    head.forward = forward
+    # An instance attribute shadows nn.Linear.forward for the block (nn.Module.__call__ calls self.forward), and
+    # deleting it brings the class's method back.
+    head.__dict__["forward"] = forward
     try:
         yield
     finally:
-        del head.forward
+        del head.__dict__["forward"]

@@ -429,9 +429,11 @@ class VLLMRolloutEngine(RolloutEngine):
                     f"the vLLM rollout engine returned {len(samples)} samples for a prompt, expected {n}"
                 )
             completions.extend(samples)
-        rows = len(completions)
+        rows, pad = len(completions), self.pad_token_id
+        if pad is None:
+            raise ValueError("the vLLM rollout engine has no pad_token_id: pass one or attach() it to a policy first")
         width = max(len(c.token_ids) for c in completions)
-        responses = torch.full((rows, width), self.pad_token_id, dtype=input_ids.dtype)
+        responses = torch.full((rows, width), pad, dtype=input_ids.dtype)
         logprobs = torch.zeros(rows, width, dtype=torch.float32)
         lengths = torch.zeros(rows, dtype=torch.long)
         for row, comp in enumerate(completions):

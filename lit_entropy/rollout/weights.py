@@ -49,8 +49,9 @@ def iter_hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
     config = getattr(policy, "config", None)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     embed_name = None
-    if tied and hasattr(policy, "get_input_embeddings"):
-        weight = policy.get_input_embeddings().weight
+    get_embeddings = getattr(policy, "get_input_embeddings", None)
+    if tied and callable(get_embeddings):
+        weight = get_embeddings().weight
         embed_name = next((hf_weight_name(n) for n, p in policy.named_parameters() if p is weight), None)
     emitted_head = False
     items: Iterator[tuple[str, Tensor]] = ((hf_weight_name(n), t) for n, t in policy.state_dict().items())

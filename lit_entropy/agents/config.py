@@ -8,7 +8,10 @@ from typing import Any
 
 from lit_entropy.functional.checks import check_number
 
-__all__ = ["MultiTurnConfig"]
+__all__ = ["REWARD_PLACEMENTS", "MultiTurnConfig"]
+
+#: Values of ``model.multi_turn.reward_placement``.
+REWARD_PLACEMENTS: tuple[str, ...] = ("last_token", "per_turn")
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,19 @@ class MultiTurnConfig:
     """A Jinja chat template that replaces the tokenizer's for the environment messages; null = the tokenizer's
     own; a tokenizer without one renders environment messages as plain text (docs/agents.md)."""
 
+    reward_placement: str = "last_token"
+    """Where a text environment's per-turn rewards (``step``'s) sit among the trajectory's tokens: ``last_token``
+    adds them up with the reward function's score on the trajectory's last policy token; ``per_turn`` puts each on
+    the last policy token of its own turn (the rest stays on the last token). Estimators that read token rewards
+    (``gae``, ``reinforce_plus_plus``) then credit each turn with its own reward; those that score a row by its sum
+    (``grpo``, ``rloo``, ...) see the same sum either way."""
+
     def __post_init__(self) -> None:
         prefix = "model.multi_turn."
+        if self.reward_placement not in REWARD_PLACEMENTS:
+            raise ValueError(
+                f"{prefix}reward_placement must be one of {REWARD_PLACEMENTS}, got {self.reward_placement!r}"
+            )
         check_number(f"{prefix}max_turns", self.max_turns, low=1, integer=True)
         check_number(f"{prefix}max_tool_calls_per_turn", self.max_tool_calls_per_turn, low=1, integer=True)
         check_number(f"{prefix}max_tool_response_tokens", self.max_tool_response_tokens, low=1, integer=True)

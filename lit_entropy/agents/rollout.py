@@ -43,6 +43,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     reward: float = 0.0
+    turn_rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (turn's last column, reward)
     stop: str | None = None
 
     def add(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
@@ -168,6 +169,8 @@ class MultiTurnRollout:
         row.tool_calls += outcome.tool_calls
         row.tool_errors += outcome.tool_errors
         row.reward += outcome.reward
+        if outcome.reward:
+            row.turn_rewards.append((len(row.ids) - 1, outcome.reward))
         if outcome.stop is not None:
             row.stop = outcome.stop
             return
@@ -214,6 +217,7 @@ class MultiTurnRollout:
             stop_reasons=as_long([STOP_REASONS.index(r.stop or "max_turns") for r in rows]),
             environment_rewards=torch.tensor([r.reward for r in rows], dtype=torch.float32, device=device),
             conversations=[r.conversation for r in rows], environments=[r.session.environment for r in rows],
+            turn_rewards=[r.turn_rewards for r in rows] if self.config.reward_placement == "per_turn" else None,
         )  # fmt: skip
         return RolloutBatch(
             sequences=torch.cat([prompts, responses], 1),

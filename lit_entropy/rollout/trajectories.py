@@ -30,6 +30,8 @@ class Trajectories:
             environment's ``get_reward()``), added to the reward function's.
         conversations: each row's messages after the prompt (``assistant``, ``tool``, ``user``), as decoded text.
         environments: each row's environment instance (None for tools only), for reward functions.
+        turn_rewards: under ``model.multi_turn.reward_placement: per_turn``, each row's text-environment rewards as
+            ``(response column of the turn's last policy token, reward)``; None otherwise (all on the last token).
     """
 
     turns: Tensor
@@ -39,6 +41,7 @@ class Trajectories:
     environment_rewards: Tensor
     conversations: list[list[dict[str, Any]]]
     environments: list[Any]
+    turn_rewards: list[list[tuple[int, float]]] | None = None
 
     def select(self, index: Tensor | slice) -> Trajectories:
         """The rows ``index``."""
@@ -47,6 +50,7 @@ class Trajectories:
             turns=self.turns[index], tool_calls=self.tool_calls[index], tool_errors=self.tool_errors[index],
             stop_reasons=self.stop_reasons[index], environment_rewards=self.environment_rewards[index],
             conversations=[self.conversations[i] for i in rows], environments=[self.environments[i] for i in rows],
+            turn_rewards=None if self.turn_rewards is None else [self.turn_rewards[i] for i in rows],
         )  # fmt: skip
 
     @classmethod
@@ -57,7 +61,28 @@ class Trajectories:
             for name in ("turns", "tool_calls", "tool_errors", "stop_reasons", "environment_rewards")
         }
         conversations = [c for p in parts for c in p.conversations]
-        return cls(**tensors, conversations=conversations, environments=[e for p in parts for e in p.environments])
+        placed = None
+        if all(p.turn_rewards is not None for p in parts):
+            placed = [r for p in parts for r in p.turn_rewards or []]
+        environments = [e for p in parts for e in p.environments]
+        return cls(**tensors, conversations=conversations, environments=environments, turn_rewards=placed)
+
+    def placed_rewards(self, width: int, device: torch.device | str = "cpu") -> Tensor | None:
+        """``[N, width]`` float32: each row's per-turn rewards at their turns' last policy tokens, 0 elsewhere;
+        None without per-turn placement.
+
+        >>> rows = Trajectories(*(torch.zeros(2),) * 5, [[], []], [None, None], turn_rewards=[[(1, -0.5)], []])
+        >>> rows.placed_rewards(3)
+        tensor([[ 0.0000, -0.5000,  0.0000],
+                [ 0.0000,  0.0000,  0.0000]])
+        """
+        if self.turn_rewards is None:
+            return None
+        out = torch.zeros(len(self.turn_rewards), width, dtype=torch.float32)
+        for row, placed in enumerate(self.turn_rewards):
+            for column, reward in placed:
+                out[row, column] += reward
+        return out.to(device)
 
     def stopped(self, reason: str) -> Tensor:
         """``[N]`` bool: the rows that ended for ``reason``."""

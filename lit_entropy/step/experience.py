@@ -176,17 +176,20 @@ def token_advantages(
     settings: RFTSettings,
     values: Tensor | None = None,
     inputs: dict[str, Any] | None = None,
+    placed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages ``[N, T]`` float32 (and the critic's returns, or None) by ``model.advantages.estimator``.
 
     Args:
-        rewards: ``[N]`` one reward per completion, rows grouped by prompt; placed at each row's last valid token.
+        rewards: ``[N]`` one reward per completion, rows grouped by prompt; placed at each row's last valid token
+            (less what ``placed`` puts elsewhere).
         mask: ``[N, T]`` bool response mask.
         settings: the run's settings (the estimator is resolved by :class:`~lit_entropy.settings.RFTSettings`).
         values: critic values ``[N, T]``; passed only to estimators registered with ``needs_values=True``.
         inputs: per-row estimator inputs (:func:`~lit_entropy.step.estimator_inputs.estimator_inputs`:
             ``reward_baselines``, ``reward_components``, ``reward_weights``), each passed to an estimator that
             takes it by name or by ``**extra``.
+        placed: ``[N, T]`` part of ``rewards`` that sits on given tokens (multi-turn per-turn rewards), or None.
     """
     name = settings.advantages.estimator
     assert name is not None, "RFTSettings fills in the algorithm's default estimator"
@@ -194,8 +197,13 @@ def token_advantages(
     parameters = inspect.signature(estimator).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     extra = {key: value for key, value in (inputs or {}).items() if takes_any or key in parameters}
+    token_rewards = (
+        outcome_token_rewards(rewards, mask)
+        if placed is None
+        else outcome_token_rewards(rewards - placed.sum(-1).to(rewards), mask) + placed.to(rewards)
+    )
     advantages, returns = estimator(
-        outcome_token_rewards(rewards, mask),
+        token_rewards,
         mask,
         group_size=settings.sampling.num_samples,
         values=values if estimator_needs_values(name) else None,
@@ -254,7 +262,8 @@ def build_experience(
         buffer=settings.reward.overlong_buffer,
         factor=settings.reward.overlong_penalty_factor,
     ).to(rewards)
-    advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values, estimator_inputs)
+    placed = None if rollout.trajectories is None else rollout.trajectories.placed_rewards(mask.shape[1], mask.device)
+    advantages, returns = token_advantages(shaped, mask, settings, statistics.old_values, estimator_inputs, placed)
     loss_mask = mask
     if settings.loss.mask_truncated:
         if rollout.trajectories is not None:  # multi-turn: the budget ran out (a turn may end in EOS and still be cut)

@@ -76,17 +76,27 @@ def test_a_template_that_rewrites_turns_is_refused_at_setup(chat_model_dir):
         module.setup("fit")
 
 
-@pytest.mark.parametrize("environment", ["tests.agents._agents:Guess", "tests.agents._agents:Calculator"])
-def test_a_short_fit_with_an_environment(chat_model_dir, tmp_path, environment):
+@pytest.mark.parametrize(
+    ("environment", "algorithm", "placement"),
+    [
+        ("tests.agents._agents:Guess", "grpo", "last_token"),
+        ("tests.agents._agents:Calculator", "grpo", "last_token"),
+        ("tests.agents._agents:Guess", "ppo", "per_turn"),  # the critic gets each turn's reward
+    ],
+)
+def test_a_short_fit_with_an_environment(chat_model_dir, tmp_path, environment, algorithm, placement):
     seed_everything(0)
     module = RFTModule(
         policy=PolicyConfig(chat_model_dir),
+        algorithm=algorithm,
         sampling=SamplingConfig(num_samples=4, max_new_tokens=24),
         optim=OptimConfig(lr=1e-3),
         evaluation=EvaluationConfig(num_samples=2),
         loss=LossConfig(mask_truncated=True),
         logging=LoggingConfig(log_samples_every_n_steps=1),
-        multi_turn=MultiTurnConfig(environment=environment, max_turns=3, chat_template=CHAT_TEMPLATE),
+        multi_turn=MultiTurnConfig(
+            environment=environment, max_turns=3, chat_template=CHAT_TEMPLATE, reward_placement=placement
+        ),
     )
     data = PromptDataModule(
         tokenizer_name_or_path=chat_model_dir, batch_size=2, num_train_examples=8, num_val_examples=4,

@@ -133,9 +133,9 @@ class RFTModule(ModelLifecycle):
         self.automatic_optimization = False
         self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path, convert=False)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
-        self.rollout_engine = default_rollout_engine(rollout)
         self.multi_turn = MultiTurnRollout.of(self.settings, self.async_rollout)  # None for single-turn rollouts
-        self.rollouts = rollout_source(self.async_rollout, self.rollout_engine)  # each step's, or a worker's ahead
+        # each step's rollouts, or a worker's ahead (the vLLM engine then in a process of its own)
+        self.rollouts, self.rollout_engine = rollout_source(self.async_rollout, default_rollout_engine(rollout))
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)

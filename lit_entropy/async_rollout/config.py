@@ -20,8 +20,9 @@ STALENESS_CORRECTION = RolloutCorrectionConfig(level="token", mode="truncate", u
 
 @dataclass(frozen=True)
 class AsyncRolloutConfig:
-    """A rollout worker (its own copy of the policy, in a thread) generates up to ``max_inflight`` batches ahead
-    of the one the trainer updates on. A policy version counts trained rollout batches; every sample carries the
+    """A rollout worker (a thread with its own copy of the policy; with the vLLM engine, a thread that drives the
+    engine in a process of its own) generates up to ``max_inflight`` batches ahead of the one the trainer updates
+    on. A policy version counts trained rollout batches; every sample carries the
     version it was sampled with, and a batch is trained only within ``max_staleness`` versions of it (the worker
     waits for the trainer, nothing is dropped)."""
 
@@ -45,7 +46,8 @@ class AsyncRolloutConfig:
     worker_threads: int | None = None
     """``torch.set_num_threads`` when the worker starts. PyTorch's count is process-wide, so the trainer's parallel
     regions get it too: each of the two threads then runs its own regions of this many threads (1 on two cores
-    gives generation one core and the update the other); null = the process's setting."""
+    gives generation one core and the update the other); with the vLLM engine it is the engine process's count
+    only, the trainer's is its own; null = the process's setting."""
 
     def __post_init__(self) -> None:
         prefix = "model.async_rollout."

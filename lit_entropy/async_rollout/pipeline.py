@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,13 +28,23 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy.async_rollout.config import AsyncRolloutConfig
-from lit_entropy.async_rollout.worker import RolloutWorker
+from lit_entropy.async_rollout.worker import RolloutWorker, Sampled
 from lit_entropy.distributed.collectives import all_gather_counts, all_gather_objects, is_distributed
 from lit_entropy.rollout.base import RolloutBatch, RolloutEngine
 from lit_entropy.rollout.hf import HFRolloutEngine
+from lit_entropy.rollout.process import ProcessRolloutEngine, weight_snapshot
+from lit_entropy.rollout.vllm import VLLMRolloutEngine
 from lit_entropy.settings import RFTSettings
 
-__all__ = ["CHECKPOINT_KEY", "AsyncRollouts", "RolloutHost", "RolloutSource", "SynchronousRollouts", "rollout_source"]
+__all__ = [
+    "CHECKPOINT_KEY",
+    "AsyncRollouts",
+    "RolloutHost",
+    "RolloutSource",
+    "SynchronousRollouts",
+    "rollout_source",
+    "trained_weights",
+]
 
 Batch = dict[str, Any]
 CHECKPOINT_KEY = "lit_entropy_async_rollout"
@@ -117,6 +128,19 @@ def _policy(host: RolloutHost) -> nn.Module:
     return host.policy
 
 
+def trained_weights(policy: nn.Module) -> dict[str, Tensor]:
+    """The state-dict entries of ``policy`` an update can change: its trainable parameters and its buffers. A LoRA
+    policy's frozen base (and any frozen layer) is left out: the worker's copy already holds it, and copying it at
+    every push would cost the base's size in memory and time."""
+    state = policy.state_dict(keep_vars=True)
+    buffers = {name for name, _ in policy.named_buffers()}
+    return {
+        name: tensor.detach()
+        for name, tensor in state.items()
+        if name in buffers or (isinstance(tensor, nn.Parameter) and tensor.requires_grad)
+    }
+
+
 def _to(batch: Batch, device: torch.device | None) -> Batch:
     """``batch`` with its tensors on ``device`` (the CPU when None)."""
     return {k: v.to(device or "cpu") if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -143,20 +167,38 @@ class AsyncRollouts:
         self.stats: dict[str, float] = {}
 
     def start(self, host: RolloutHost) -> None:
-        """Copy the policy for the worker and start it; send a resumed run's prompts in flight first."""
+        """Start the worker on the current weights; send a resumed run's prompts in flight first.
+
+        Hugging Face ``generate``: the worker samples from its own copy of the policy. An engine in a process of its
+        own (:class:`~lit_entropy.rollout.process.ProcessRolloutEngine`, the vLLM engine): the worker thread sends
+        the child its commands, and the policy's weights are its first one.
+        """
         engine, policy = host.rollout_engine, _policy(host)
         if getattr(host, "device_mesh", None) is not None:
             raise ValueError("model.async_rollout does not support FSDP2 (ModelParallelStrategy) yet: use DDP")
-        shadow = copy.deepcopy(policy)
-        shadow.requires_grad_(False).eval()
-        self.shadow, sampling, self.pushed = shadow, host.settings.sampling, self.version
+        sampling, self.pushed = host.settings.sampling, self.version
+        generate: Callable[[Batch], Any]
+        load: Callable[[Any, int], None]
+        if isinstance(engine, ProcessRolloutEngine):
+            engine.current_version = self.version
+            hosted = engine
 
-        def generate(batch: Batch) -> RolloutBatch:
-            return engine.generate(shadow, batch["input_ids"], batch["attention_mask"], sampling)
+            def generate(batch: Batch) -> Sampled:
+                return Sampled(*hosted.sample(batch["input_ids"], batch["attention_mask"], sampling))
 
-        def load(weights: dict[str, Tensor], version: int) -> None:
-            shadow.load_state_dict(weights)
-            engine.sync_weights(shadow, version)
+            load = hosted.load
+            first: Any = weight_snapshot(policy)
+        else:
+            shadow = copy.deepcopy(policy)
+            shadow.requires_grad_(False).eval()
+            self.shadow, first = shadow, None
+
+            def generate(batch: Batch) -> Any:
+                return engine.generate(shadow, batch["input_ids"], batch["attention_mask"], sampling)
+
+            def load(weights: dict[str, Tensor], version: int) -> None:
+                shadow.load_state_dict(weights, strict=False)  # the trained weights only (trained_weights)
+                engine.sync_weights(shadow, version)
 
         # Nothing runs concurrently at depth 0, so the worker samples from the global stream in the trainer's
         # order (the synchronous run's samples); with batches in flight it draws from a stream of its own.
@@ -165,6 +207,8 @@ class AsyncRollouts:
             generator = torch.Generator(device=host.device).manual_seed(torch.initial_seed() + 1 + self.version)
         threads = self.config.worker_threads
         self.worker = RolloutWorker(generate, load, version=self.version, threads=threads, generator=generator)
+        if first is not None:
+            self.worker.push(first, self.version)
         restored, self.restored = self.restored, []
         for batch in restored:
             self.submit(_to(batch, host.device))
@@ -215,10 +259,17 @@ class AsyncRollouts:
         """One more version; push the weights at the sync points; log ``train/async/*``; commit."""
         assert self.worker is not None
         self.version += 1
+        engine = host.rollout_engine
+        if isinstance(engine, ProcessRolloutEngine):
+            engine.current_version = self.version  # what validation from the trainer samples with
         if self.version - self.pushed >= self.config.weight_sync_steps:
-            weights = _policy(host).state_dict()
-            if self.config.depth:  # the trainer changes its weights while the worker still samples: a snapshot
-                weights = {name: tensor.detach().clone() for name, tensor in weights.items()}
+            weights: Any
+            if isinstance(engine, ProcessRolloutEngine):  # copies (LoRA merged) the child loads as they are
+                weights = weight_snapshot(_policy(host))
+            else:
+                weights = trained_weights(_policy(host))
+                if self.config.depth:  # the trainer changes its weights while the worker still samples: a snapshot
+                    weights = {name: tensor.detach().clone() for name, tensor in weights.items()}
             self.worker.push(weights, self.version)
             self.pushed = self.version
         for name, value in self.stats.items():
@@ -258,18 +309,22 @@ class AsyncRollouts:
             self.worker = None
 
 
-def rollout_source(config: AsyncRolloutConfig | None, engine: RolloutEngine) -> RolloutSource:
-    """:class:`AsyncRollouts` for a ``model.async_rollout`` group, else :class:`SynchronousRollouts`.
+def rollout_source(config: AsyncRolloutConfig | None, engine: RolloutEngine) -> tuple[RolloutSource, RolloutEngine]:
+    """The rollout source and the engine the module uses: :class:`SynchronousRollouts` and ``engine`` without
+    ``model.async_rollout``; with it :class:`AsyncRollouts`, and the vLLM engine moved into a process of its own
+    (:class:`~lit_entropy.rollout.process.ProcessRolloutEngine`, started by the module's ``setup``).
 
     Raises:
-        ValueError: ``model.async_rollout`` with an engine other than Hugging Face ``generate`` (not supported yet:
-            the worker's engine would also serve validation, on other weights).
+        ValueError: ``model.async_rollout`` with an engine other than Hugging Face ``generate`` or vLLM.
     """
     if config is None:
-        return SynchronousRollouts()
+        return SynchronousRollouts(), engine
+    if isinstance(engine, VLLMRolloutEngine):
+        return AsyncRollouts(config), ProcessRolloutEngine(engine, threads=config.worker_threads)
     if not isinstance(engine, HFRolloutEngine):
         raise ValueError(
             f"model.async_rollout needs model.rollout: null (Hugging Face generate on the worker's copy of the "
-            f"policy); model.rollout={type(engine).__name__} is not supported in this mode yet"
+            f"policy) or a VLLMRolloutEngine (in a process of its own); model.rollout={type(engine).__name__} is "
+            "not supported in this mode"
         )
-    return AsyncRollouts(config)
+    return AsyncRollouts(config), engine

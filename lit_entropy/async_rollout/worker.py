@@ -21,7 +21,7 @@ import torch
 from lit_entropy.functional.sampling import thread_generator
 from lit_entropy.internals.threads import thread_stack
 
-__all__ = ["Generated", "RolloutWorker", "RolloutWorkerError", "RolloutWorkerHung"]
+__all__ = ["Generated", "RolloutWorker", "RolloutWorkerError", "RolloutWorkerHung", "Sampled"]
 
 #: How often the waiting trainer checks that the worker thread is still alive (seconds).
 _POLL_S = 0.05
@@ -51,6 +51,15 @@ class Generated:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """What a generate function returns when its engine versions the weights itself (an engine in another process,
+    which validation may also push to): the output and the version it was sampled with."""
+
+    output: Any
+    version: int
+
+
+@dataclass(frozen=True)
 class _Failure:
     error: BaseException
 
@@ -59,7 +68,8 @@ class RolloutWorker:
     """A daemon thread running ``load`` and ``generate`` commands in the order sent.
 
     Args:
-        generate: ``generate(batch) -> output`` on the worker's current weights (runs on the worker thread).
+        generate: ``generate(batch) -> output`` on the worker's current weights (runs on the worker thread); a
+            :class:`Sampled` output carries its own version.
         load: ``load(weights, version)``: install pushed weights (runs on the worker thread, between generations).
         version: the version of the weights the worker starts with.
         threads: ``torch.set_num_threads`` on the worker thread (None: unchanged).
@@ -163,4 +173,8 @@ class RolloutWorker:
                 self.load_fn(payload, key)
                 self.version = key
             else:
-                self.results.put(Generated(key, self.version, self.generate_fn(payload)))
+                output = self.generate_fn(payload)
+                if isinstance(output, Sampled):
+                    self.results.put(Generated(key, output.version, output.output))
+                else:
+                    self.results.put(Generated(key, self.version, output))

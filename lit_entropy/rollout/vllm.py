@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -329,9 +330,20 @@ class VLLMRolloutEngine(RolloutEngine):
         A rank whose push fails still runs the rest of the weight iterator (its FSDP2 all-gathers) and then agrees
         with the others on the outcome, so all ranks raise together instead of some waiting in a collective.
         """
+        self._load(iter_hf_weights(policy))
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]], step: int) -> None:
+        """Load ``(HF name, full tensor)`` pairs as the weights of optimizer step ``step`` (the engine process of
+        :class:`~lit_entropy.rollout.process.ProcessRolloutEngine` receives the policy's weights this way).
+"""
+        self.start()
+        self._load(iter(weights))
+        self._synced_step = step
+
+    def _load(self, weights: Iterator[tuple[str, Tensor]]) -> None:
         if self.enable_sleep:
             self._wake("weights")
-        weights, error = iter_hf_weights(policy), None
+        error = None
         try:
             with torch.no_grad():
                 self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})

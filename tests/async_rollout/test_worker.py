@@ -132,13 +132,30 @@ def test_a_thread_generator_belongs_to_its_thread():
         assert torch.equal(sample_categorical(torch.zeros(64, 100)), drawn[0])
 
 
-def test_an_engine_other_than_hf_generate_is_refused_before_training(tiny_model_dir):
+def test_an_engine_other_than_hf_generate_or_vllm_is_refused_before_training(tiny_model_dir):
     from lit_entropy.module import RFTModule
-    from lit_entropy.rollout import VLLMRolloutEngine
+    from lit_entropy.rollout import RolloutEngine
     from lit_entropy.settings import PolicyConfig
 
-    with pytest.raises(ValueError, match="model.async_rollout needs model.rollout: null.*VLLMRolloutEngine"):
-        RFTModule(PolicyConfig(tiny_model_dir), rollout=VLLMRolloutEngine(), async_rollout=AsyncRolloutConfig())
+    class CustomEngine(RolloutEngine):  # a user's own
+        def generate(self, policy, input_ids, attention_mask, sampling):
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="model.async_rollout needs model.rollout: null .* or a VLLMRolloutEngine"):
+        RFTModule(PolicyConfig(tiny_model_dir), rollout=CustomEngine(), async_rollout=AsyncRolloutConfig())
+
+
+def test_the_vllm_engine_moves_into_a_process_of_its_own_not_started_before_setup(tiny_model_dir):
+    from lit_entropy.module import RFTModule
+    from lit_entropy.rollout import VLLMRolloutEngine
+    from lit_entropy.rollout.process import ProcessRolloutEngine
+    from lit_entropy.settings import PolicyConfig
+
+    engine = VLLMRolloutEngine(max_model_len=64)
+    module = RFTModule(PolicyConfig(tiny_model_dir), rollout=engine, async_rollout=AsyncRolloutConfig())
+    assert isinstance(module.rollout_engine, ProcessRolloutEngine) and module.rollout_engine.engine is engine
+    assert module.rollout_engine.pid is None and not engine.started
+    assert module.rollout_engine.reports_logprobs  # the correction of stale samples needs the engine's log-probs
 
 
 def test_dynamic_sampling_with_async_rollouts_is_refused_before_training(tiny_model_dir):
@@ -172,3 +189,32 @@ def test_close_drops_the_batches_not_started():
     release.set()
     worker.thread.join(5.0)
     assert generated == [0] and not worker.thread.is_alive()
+
+
+def test_a_lora_push_sends_the_adapters_and_buffers_not_the_frozen_base(tiny_model_dir):
+    pytest.importorskip("peft", reason="needs the lora extra (pip install 'lit-entropy[lora]')")
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from lit_entropy.async_rollout.pipeline import trained_weights
+    from lit_entropy.models.lora import apply_lora
+
+    policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), 4, 8.0, 0.0, None)
+    worker_copy = copy.deepcopy(policy)
+    with torch.no_grad():  # an update: only the adapters train
+        for name, param in policy.named_parameters():
+            if param.requires_grad:
+                param.add_(torch.randn_like(param))
+    pushed = trained_weights(policy)
+    adapters = {name for name, param in policy.named_parameters() if param.requires_grad}
+    assert adapters and all("lora_" in name for name in adapters)
+    state = policy.state_dict()
+    assert set(pushed) == adapters | {name for name, _ in policy.named_buffers() if name in state}
+    assert sum(t.numel() for t in pushed.values()) < sum(t.numel() for t in state.values()) / 4
+    worker_copy.load_state_dict(pushed, strict=False)
+    for name, tensor in worker_copy.state_dict().items():  # the worker's copy is the updated policy again
+        assert torch.equal(tensor, state[name]), name
+
+    full = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert set(trained_weights(full)) == set(full.state_dict())  # full fine-tuning: everything is pushed

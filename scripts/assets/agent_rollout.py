@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from scripts.assets.sft import pad_right
+
 __all__ = [
     "Trajectory",
     "hermes_call",
@@ -48,15 +50,7 @@ def supervised_batch(conversations: list[list[dict[str, str]]], tokenizer: Any) 
             lab += piece if m["role"] == "assistant" else [-100] * len(piece)
         rows.append(ids)
         labels.append(lab)
-    width = max(len(r) for r in rows)
-    out_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    out_lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
-        out_ids[i, : len(r)] = torch.tensor(r)
-        out_lab[i, : len(lb)] = torch.tensor(lb)
-        att[i, : len(r)] = 1
-    return {"input_ids": out_ids, "attention_mask": att, "labels": out_lab}
+    return pad_right(rows, labels, tokenizer.pad_token_id)
 
 
 def hermes_call(text: str) -> tuple[str, dict[str, Any]] | None:

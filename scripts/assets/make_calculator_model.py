@@ -28,8 +28,8 @@ import torch
 
 from lit_entropy.environments.calculator import calculate, make_calculator_examples
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
-from lit_entropy.models.tiny import build_qwen2
 from scripts.assets.agent_rollout import play_trajectories, supervised_batch
+from scripts.assets.sft import arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-calculator"
 MAX_CALL_TOKENS = 64  # the call is 57 tokens for two-digit operands
@@ -110,58 +110,39 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = build_char_chat_tokenizer(model_max_length=128)
-    model = build_qwen2(
-        tokenizer,
-        hidden_size=args.hidden_size,
-        intermediate_size=2 * args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.hidden_size // 64,
-        num_kv_heads=1,
-        seed=args.seed,
-        max_new_tokens=MAX_CALL_TOKENS,
-    )
+    model = build_model(tokenizer, args.seed, MAX_CALL_TOKENS, args.num_layers, args.hidden_size)
     train = make_calculator_examples("train", seed=args.seed)
     val = make_calculator_examples("validation", seed=args.seed)
     rng = random.Random(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
-    step, stats = 0, {}
-    model.train()
-    while step < args.max_steps:
+
+    def next_batch() -> dict[str, torch.Tensor]:
         conversations = [
             supervised_messages(train[rng.randrange(len(train))], rng.random() < args.tool_share)
             for _ in range(args.batch_size)
         ]
-        loss = model(**supervised_batch(conversations, tokenizer)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        if step % args.eval_every == 0:
-            stats = evaluate(model, tokenizer, val[: args.eval_prompts], samples=2, seed=args.seed)
-            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
-            print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
-            if stats["tool_accuracy"] >= args.target_tool_acc:
-                break
+        return supervised_batch(conversations, tokenizer)
+
+    sft = supervise(
+        model,
+        next_batch,
+        lambda: evaluate(model, tokenizer, val[: args.eval_prompts], samples=2, seed=args.seed),
+        lambda stats: stats["tool_accuracy"] >= args.target_tool_acc,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+    )
     final = evaluate(model, tokenizer, val[: args.final_prompts], samples=8, seed=args.seed + 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
+    save(model, tokenizer, args.out)
     report = {
-        "sft_steps": step,
+        "sft_steps": sft.steps,
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t0, 1),
         "val_prompts": args.final_prompts,
         "samples": 8,
         **{f"val_{k}": round(v, 4) for k, v in final.items()},
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+        "args": arguments(args),
     }
-    for f in args.out.iterdir():  # safetensors writes 0600; package data must be world-readable
-        f.chmod(0o644)
-    (args.out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report), flush=True)
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ solves 90 % within the 6 turns, mean reward 1.23).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -27,8 +26,8 @@ import torch
 
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
 from lit_entropy.environments.guessing_game import DEFAULT_MAX_TURNS, GuessingGame, make_guessing_examples
-from lit_entropy.models.tiny import build_qwen2
 from scripts.assets.agent_rollout import play_text_environment, supervised_batch
+from scripts.assets.sft import arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-guess"
 TURN_TOKENS = 4  # "16" then <eos>, with a spare token
@@ -95,54 +94,36 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = build_char_chat_tokenizer(model_max_length=96)
-    model = build_qwen2(
-        tokenizer,
-        hidden_size=128,
-        intermediate_size=256,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        seed=args.seed,
-        max_new_tokens=TURN_TOKENS,
-    )
+    model = build_model(tokenizer, args.seed, TURN_TOKENS)
     val = make_guessing_examples("validation", max(args.eval_games, args.final_games))
     rng = random.Random(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
-    step, stats = 0, {}
-    while step < args.max_steps:
+
+    def next_batch() -> dict[str, torch.Tensor]:
         games = [
             random_consistent_game(rng.randint(1, 16), 1, 16, DEFAULT_MAX_TURNS, rng) for _ in range(args.batch_size)
         ]
-        loss = model(**supervised_batch(games, tokenizer)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        if step % args.eval_every == 0:
-            stats = evaluate(model, tokenizer, val[: args.eval_games], seed=args.seed)
-            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
-            print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
-            if stats["mean_reward"] >= args.target:
-                break
+        return supervised_batch(games, tokenizer)
+
+    sft = supervise(
+        model,
+        next_batch,
+        lambda: evaluate(model, tokenizer, val[: args.eval_games], seed=args.seed),
+        lambda stats: stats["mean_reward"] >= args.target,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+    )
     final = evaluate(model, tokenizer, val[: args.final_games], seed=args.seed + 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
+    save(model, tokenizer, args.out)
     report = {
-        "sft_steps": step,
+        "sft_steps": sft.steps,
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t0, 1),
         "val_games": args.final_games,
         **{f"val_{k}": round(v, 4) for k, v in final.items()},
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+        "args": arguments(args),
     }
-    for f in args.out.iterdir():  # safetensors writes 0600; package data must be world-readable
-        f.chmod(0o644)
-    (args.out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report), flush=True)
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

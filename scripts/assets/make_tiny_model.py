@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_size, make_arithmetic_examples
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import build_qwen2
+from scripts.assets.sft import arguments, make_batch, save, supervise, warm_up
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
 
@@ -67,25 +68,6 @@ def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) ->
         seed=args.seed,
         max_new_tokens=6,
     )
-
-
-def make_batch(examples: list[dict[str, str]], tokenizer: PreTrainedTokenizerFast) -> dict[str, torch.Tensor]:
-    """Right-padded teacher-forcing batch; labels are -100 except on answer + eos tokens."""
-    rows, labels = [], []
-    for ex in examples:
-        p_ids = tokenizer(ex["prompt"], add_special_tokens=False)["input_ids"]
-        a_ids = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(p_ids + a_ids)
-        labels.append([-100] * len(p_ids) + a_ids)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
-        ids[i, : len(r)] = torch.tensor(r)
-        lab[i, : len(lb)] = torch.tensor(lb)
-        att[i, : len(r)] = 1
-    return {"input_ids": ids, "attention_mask": att, "labels": lab}
 
 
 @torch.no_grad()
@@ -145,35 +127,32 @@ def main(argv: list[str] | None = None) -> None:
     val_final = make_arithmetic_examples("validation", min(args.final_prompts, n_val), seed=args.seed, **ds_kwargs)
     print(f"params={n_params} train_problems={n_train} val_problems={n_val}", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = 50
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     rng = random.Random(args.seed)
     order: list[int] = []
-    step, acc = 0, 0.0
-    model.train()
-    while step < args.max_steps:
+
+    def next_batch() -> dict[str, torch.Tensor]:
+        nonlocal order
         if len(order) < args.batch_size:  # new epoch: reshuffle, drop the ragged tail
             order = list(range(n_train))
             rng.shuffle(order)
-        batch = make_batch([train[order.pop()] for _ in range(args.batch_size)], tokenizer)
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        if step % args.eval_every == 0:
-            acc, mixed = evaluate(model, tokenizer, val_small, temperature=1.0, samples=4, seed=args.seed)
-            print(
-                f"step={step} loss={loss.item():.4f} val_acc@T1={acc:.3f} mixed={mixed:.2f} "
-                f"t={time.perf_counter() - t0:.0f}s",
-                flush=True,
-            )
-            if acc >= args.target_acc:
-                break
-    if acc < args.target_acc:
+        return make_batch([train[order.pop()] for _ in range(args.batch_size)], tokenizer)
+
+    def check() -> dict[str, float]:
+        acc, mixed = evaluate(model, tokenizer, val_small, temperature=1.0, samples=4, seed=args.seed)
+        return {"val_acc@T1": acc, "mixed": mixed}
+
+    sft = supervise(
+        model,
+        next_batch,
+        check,
+        lambda stats: stats["val_acc@T1"] >= args.target_acc,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+        schedule=warm_up(50),
+    )
+    step = sft.steps
+    if sft.stats.get("val_acc@T1", 0.0) < args.target_acc:
         print(f"warning: target_acc {args.target_acc} not reached in {args.max_steps} steps", flush=True)
 
     results = {"sft_steps": step, "params": n_params, "val_prompts": len(val_final), "samples": args.samples}
@@ -185,16 +164,10 @@ def main(argv: list[str] | None = None) -> None:
         evaluate(model, tokenizer, val_final, temperature=None, samples=1, seed=args.seed)[0], 4
     )
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
-    for f in args.out.iterdir():  # safetensors writes 0600; package data must be world-readable
-        if f.is_file():
-            f.chmod(0o644)
-    size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
+    size = save(model, tokenizer, args.out)
     results["size_bytes"] = size
     results["seconds"] = round(time.perf_counter() - t0, 1)
-    results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
+    results["args"] = arguments(args)
     (args.out / "sft_report.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     print(
@@ -203,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         f"greedy {results['val_acc_greedy']:.3f}; prompts with 0<correct<{args.samples} at T=1.0: "
         f"{results['mixed_frac_T1.0']:.2f})"
     )
-    assert math.isfinite(loss.item())
+    assert math.isfinite(sft.loss)
 
 
 if __name__ == "__main__":

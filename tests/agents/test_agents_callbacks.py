@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _token_callbacks import examples, random_context
 
-from lit_entropy.callbacks import (
-    REPOR,
-    STARE,
-    AdaptiveEntropyBonus,
-    AdvantageReweighting,
-    ClipCov,
-    Entrocraft,
-    EntropyDiscriminatorClipping,
-    EntropyDynamicsMonitor,
-    HighEntropySelection,
-    KLCov,
-    RandomNegativeMasking,
-    SpuriousTokenSilencing,
-    UnlikelinessReward,
-)
+from lit_entropy.callbacks import EntropyDynamicsMonitor
 from lit_entropy.protocol import TokenMaskContext
 
 ROWS, COLS, GROUP = 8, 10, 4
@@ -29,18 +16,7 @@ ENV_AT = {2: 3, 6: 2, COLS: 4}
 
 
 def _policy_only(seed: int = 0) -> TokenMaskContext:
-    gen = torch.Generator().manual_seed(seed)
-    adv = torch.randn(ROWS, 1, generator=gen, dtype=torch.float64).expand(ROWS, COLS).contiguous()
-    lengths = torch.randint(4, COLS + 1, (ROWS,), generator=gen)
-    return TokenMaskContext(
-        mask=torch.arange(COLS).unsqueeze(0) < lengths.unsqueeze(1),
-        advantages=adv,
-        rewards=(torch.rand(ROWS, generator=gen, dtype=torch.float64) > 0.5).double(),
-        discriminator=0.3 * torch.randn(ROWS, COLS, generator=gen, dtype=torch.float64),
-        policy_average=0.05 * torch.randn(ROWS, COLS, generator=gen, dtype=torch.float64),
-        entropy=2 * torch.rand(ROWS, COLS, generator=gen, dtype=torch.float64),
-        old_logprobs=-4 * torch.rand(ROWS, COLS, generator=gen, dtype=torch.float64) ** 2,
-    )
+    return random_context(seed, ROWS, COLS, min_length=4, rewards=True)
 
 
 def _policy_columns() -> torch.Tensor:
@@ -77,22 +53,7 @@ class _Module:
         return {"entropy_coef": 0.01}
 
 
-CALLBACKS = {
-    "clip_b": lambda: EntropyDiscriminatorClipping("clip_b", mu=0.5),
-    "clip_v": lambda: EntropyDiscriminatorClipping("clip_v", mu=0.5),
-    "clip_cov": lambda: ClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0, seed=2),
-    "kl_cov": lambda: KLCov(kl_cov_ratio=0.2),
-    "high_entropy_80_20": lambda: HighEntropySelection(rho=0.2),
-    "random_negative": lambda: RandomNegativeMasking(mu=1.0, seed=5),
-    "s2t": lambda: SpuriousTokenSilencing(prob_threshold=0.2, entropy_quantile=0.8),
-    "stare": lambda: STARE(),
-    "entrocraft": lambda: Entrocraft(total_batches=10),
-    "reweighting": lambda: AdvantageReweighting(),
-    "unlikeliness": lambda: UnlikelinessReward(group_size=GROUP),
-    "repo_r": lambda: REPOR(),
-    "adaptive_entropy": lambda: AdaptiveEntropyBonus(),
-    "monitor": lambda: EntropyDynamicsMonitor(),
-}
+CALLBACKS = examples(GROUP)
 
 
 def _outputs(callback, context):

@@ -1,8 +1,9 @@
 """A short asynchronous GRPO fit on 2 gloo CPU ranks under DDP, for ``test_async_ddp.py``.
 
-Run as a script (Lightning's launcher re-executes it for rank 1)::
+Run as a script (Lightning's launcher re-executes it for rank 1), with the repository root and ``tests/`` on
+``PYTHONPATH``::
 
-    python tests/async_rollout/_ddp_run.py --model DIR --out DIR
+    PYTHONPATH=.:tests python tests/async_rollout/_ddp_run.py --model DIR --out DIR
 
 Each rank writes ``rank<R>.json``: the policy version of every batch it trained (``train/async/version``), the
 prompts it trained, its final ``global_step`` and a checksum of its final weights, and ``checkpoint.json`` (rank
@@ -17,7 +18,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from _trained_prompts import TrainedPrompts
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_entropy.async_rollout import AsyncRolloutConfig
@@ -31,27 +33,6 @@ BATCHES = 5
 
 def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
     return [float(sum(ch.isdigit() for ch in c)) for c in completions]
-
-
-class Record(Callback):
-    def __init__(self) -> None:
-        self.versions: list[float] = []
-        self.prompts: list[str] = []
-
-    def setup(self, trainer, pl_module, stage) -> None:
-        score = pl_module.score
-
-        def recording(batch, rollout, num_samples):
-            if pl_module.training:
-                self.prompts.extend(batch["prompts"])
-            return score(batch, rollout, num_samples)
-
-        pl_module.score = recording
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        version = trainer.callback_metrics.get("train/async/version")
-        if version is not None and batch_idx > 0:
-            self.versions.append(float(version))
 
 
 def main() -> None:
@@ -71,7 +52,7 @@ def main() -> None:
         async_rollout=AsyncRolloutConfig(max_staleness=1),
     )
     module.reward_fn = digit_reward
-    record = Record()
+    record = TrainedPrompts()
     out = Path(args.out)
     checkpoint = ModelCheckpoint(out, filename="last", every_n_train_steps=1)
     data = PromptDataModule(tokenizer_name_or_path=args.model, batch_size=2, num_train_examples=32, seed=3)
@@ -82,7 +63,9 @@ def main() -> None:
     )  # fmt: skip
     trainer.fit(module, data)
     weights = float(sum(p.double().sum() for p in module.policy.parameters()))
-    info = {"versions": record.versions, "prompts": record.prompts, "global_step": trainer.global_step}
+    # From batch 1 on, as test_async_ddp.py reads them.
+    versions = [m["train/async/version"] for m in record.metrics[1:] if "train/async/version" in m]
+    info = {"versions": versions, "prompts": record.prompts, "global_step": trainer.global_step}
     info["weights"] = weights
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
     if trainer.global_rank == 0:

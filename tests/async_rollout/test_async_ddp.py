@@ -17,7 +17,7 @@ HELPER = Path(__file__).with_name("_ddp_run.py")
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_two_ddp_ranks_agree_on_versions_and_checkpoint_their_prompts_in_flight(tiny_model_dir, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(HELPER.parents[2])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPER.parents[2]), str(HELPER.parents[1])])}
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)  # a clean launch: Lightning starts rank 1 itself
     cmd = [sys.executable, str(HELPER), "--model", tiny_model_dir, "--out", str(tmp_path)]

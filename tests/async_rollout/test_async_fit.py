@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _trained_prompts import TrainedPrompts
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import load_file
@@ -28,29 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:lit_entropy. the policy samples 
 
 def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
     return [float(sum(ch.isdigit() for ch in c)) for c in completions]
-
-
-class TrainedPrompts(Callback):
-    """The prompts of every batch the module trained on, in order (read from its ``score`` calls) and the
-    ``train/async/*`` values after each batch."""
-
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-        self.metrics: list[dict[str, float]] = []
-
-    def setup(self, trainer, pl_module, stage) -> None:
-        score = pl_module.score
-
-        def recording(batch, rollout, num_samples):
-            if pl_module.training:
-                self.prompts.extend(batch["prompts"])
-            return score(batch, rollout, num_samples)
-
-        pl_module.score = recording
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        metrics = trainer.callback_metrics
-        self.metrics.append({k: float(v) for k, v in metrics.items() if k.startswith("train/async/")})
 
 
 class SigtermAt(Callback):

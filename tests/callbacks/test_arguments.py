@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from _token_callbacks import CLASSES
 
 from lit_entropy.callbacks import (
     REPOR,
@@ -208,25 +209,10 @@ def _cases() -> list[tuple[str, Case]]:
 
     _lineage_cases(add)
 
-    every = (
-        (STARE, {}),
-        (Entrocraft, {}),
-        (SpuriousTokenSilencing, {}),
-        (AdvantageReweighting, {}),
-        (UnlikelinessReward, {}),
-        (REPOR, {}),
-        (EntropyDiscriminatorClipping, {}),
-        (RandomNegativeMasking, {}),
-        (ClipCov, {}),
-        (KLCov, {}),
-        (HighEntropySelection, {}),
-        (AdaptiveEntropyBonus, {}),
-        (EntropyDynamicsMonitor, {}),
-    )
-    for make, base in every:
+    for make in CLASSES:
         for value, shown in _PREFIX:
             message = f"log_prefix must be a non-empty string without a trailing '/', got {shown}"
-            add(make.__name__, make, {**base, "log_prefix": value}, message)
+            add(make.__name__, make, {"log_prefix": value}, message)
     return cases
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _distributed import free_port, init_gloo
+from _token_callbacks import CORE, random_context
 from lightning.pytorch import Callback
 
 from lit_entropy.callbacks import (
@@ -30,29 +31,11 @@ from lit_entropy.callbacks import (
 from lit_entropy.callbacks.base import LEGACY_STATE_KEYS, check_log_prefix, module_is_attached
 from lit_entropy.protocol import TokenMaskContext
 
-ALL = (
-    EntropyDiscriminatorClipping,
-    RandomNegativeMasking,
-    ClipCov,
-    KLCov,
-    HighEntropySelection,
-    AdaptiveEntropyBonus,
-    EntropyDynamicsMonitor,
-)
+ALL = CORE
 
 
 def _context(seed: int = 0, rows: int = 8, cols: int = 6) -> TokenMaskContext:
-    gen = torch.Generator().manual_seed(seed)
-    adv = torch.randn(rows, 1, generator=gen, dtype=torch.float64).expand(rows, cols).contiguous()
-    lengths = torch.randint(2, cols + 1, (rows,), generator=gen)
-    return TokenMaskContext(
-        mask=torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1),
-        advantages=adv,
-        discriminator=0.3 * torch.randn(rows, cols, generator=gen, dtype=torch.float64),
-        policy_average=0.05 * torch.randn(rows, cols, generator=gen, dtype=torch.float64),
-        entropy=2 * torch.rand(rows, cols, generator=gen, dtype=torch.float64),
-        old_logprobs=-4 * torch.rand(rows, cols, generator=gen, dtype=torch.float64) ** 2,
-    )
+    return random_context(seed, rows, cols)
 
 
 def _run(callback: TokenCallback, context: TokenMaskContext, pl_module=None) -> torch.Tensor | None:

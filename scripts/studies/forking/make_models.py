@@ -22,17 +22,14 @@ Also writes the RL data splits (``<out>/../data/forking`` and ``.../chain``: tra
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
+from scripts.assets.sft import build_model, make_batch, sample, save, supervise, write_report
 from scripts.studies.tasks.forking import (
     BASE_STRATEGY_PRIOR,
     CHAIN_SPLITS,
@@ -51,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[3] / "scripts" / "forking"
 FORK_SEEDS = (0, 1)
 # RL data: the task module's study splits (train from the task distribution, validation / test stratified).
 FORK_SPLITS = STUDY_SPLITS
+MAX_NEW_TOKENS = 31
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,32 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
-    """4 layers, hidden 128, 2 heads of 64 (vLLM-servable), ~0.6M parameters."""
-    return build_qwen2(
-        tokenizer,
-        hidden_size=128,
-        intermediate_size=256,
-        num_layers=4,
-        num_heads=2,
-        num_kv_heads=1,
-        seed=seed,
-        max_new_tokens=31,
-    )
-
-
-@torch.no_grad()
-def sample(model, tokenizer, prompts: list[str], *, temperature: float, seed: int) -> list[str]:
-    model.eval()
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    torch.manual_seed(seed)
-    out = model.generate(
-        **enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=31, use_cache=True
-    )
-    model.train()
-    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-
-
 def fork_stats(rows: list[dict[str, str]], texts: list[str], copies: int = 4) -> dict[str, float]:
     """Execution accuracy (response = its own strategy executed), task accuracy and strategy frequencies."""
     n = len(texts)
@@ -111,59 +83,55 @@ def fork_stats(rows: list[dict[str, str]], texts: list[str], copies: int = 4) ->
 
 
 def train(name: str, args: argparse.Namespace, tokenizer, train_rows, val_rows, seed: int) -> dict:
+    """SFT of base model ``name`` (4 layers, hidden 128, ~0.6M parameters) on epochs of ``train_rows``, checked on
+    ``val_rows``; writes ``<out>/models/<name>``."""
     t0 = time.perf_counter()
-    model = build_model(tokenizer, seed)
-    params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    # Warm-up, then linear decay to 10% at max_steps: a constant rate leaves execution accuracy oscillating.
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / 100, 1.0 - 0.9 * min(s / args.max_steps, 1.0))
-    )
+    model = build_model(tokenizer, seed, MAX_NEW_TOKENS, num_layers=4)
     rng = random.Random(seed)
     order: list[int] = []
     is_fork = name.startswith("fork")
-    step, stats = 0, {}
-    model.train()
-    while step < args.max_steps:
+
+    def next_batch() -> dict[str, torch.Tensor]:
+        nonlocal order
         if len(order) < args.batch_size:
             order = list(range(len(train_rows)))
             rng.shuffle(order)
-        loss = model(**make_batch([train_rows[order.pop()] for _ in range(args.batch_size)], tokenizer)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        if step % args.eval_every == 0:
-            texts = sample(model, tokenizer, [r["prompt"] for r in val_rows], temperature=1.0, seed=seed)
-            if is_fork:
-                stats = fork_stats(val_rows, texts, args.payload_copies)
-                done = stats["exec_acc"] >= args.exec_target
-            else:
-                stats = {"task_acc": sum(t == r["answer"] for r, t in zip(val_rows, texts, strict=True)) / len(texts)}
-                done = stats["task_acc"] >= args.chain_target
-            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
-            print(f"[{name}] step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
-            if done:
-                break
+        return make_batch([train_rows[order.pop()] for _ in range(args.batch_size)], tokenizer)
+
+    def check() -> dict[str, float]:
+        prompts = [r["prompt"] for r in val_rows]
+        texts = sample(model, tokenizer, prompts, samples=1, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
+        if is_fork:
+            return fork_stats(val_rows, texts, args.payload_copies)
+        return {"task_acc": sum(t == r["answer"] for r, t in zip(val_rows, texts, strict=True)) / len(texts)}
+
+    def done(stats: dict[str, float]) -> bool:
+        return stats["exec_acc"] >= args.exec_target if is_fork else stats["task_acc"] >= args.chain_target
+
+    sft = supervise(
+        model,
+        next_batch,
+        check,
+        done,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+        # Warm-up, then linear decay to 10% at max_steps: a constant rate leaves execution accuracy oscillating.
+        schedule=lambda s: min((s + 1) / 100, 1.0 - 0.9 * min(s / args.max_steps, 1.0)),
+        tag=f"[{name}] ",
+    )
     out = args.out / "models" / name
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    for f in out.iterdir():  # safetensors writes 0600
-        f.chmod(0o644)
+    size = save(model, tokenizer, out)
     report = {
         "name": name,
         "seed": seed,
-        "params": params,
-        "sft_steps": step,
+        "params": sum(p.numel() for p in model.parameters()),
+        "sft_steps": sft.steps,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    report.update({f"val_{k}": round(v, 4) for k, v in stats.items()})
-    report["size_bytes"] = sum(f.stat().st_size for f in out.iterdir())
-    (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report), flush=True)
+    report.update({f"val_{k}": round(v, 4) for k, v in sft.stats.items()})
+    report["size_bytes"] = size
+    write_report(out, report)
     return report
 
 

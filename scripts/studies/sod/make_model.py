@@ -15,7 +15,6 @@ learnt the rule. Writes ``<out>/model`` and ``<out>/data/{train,validation,test}
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ from pathlib import Path
 import torch
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.make_tiny_model import make_batch  # the same teacher-forcing batch
+from scripts.assets.sft import build_model, make_batch, sample, save, supervise, write_report
 from scripts.studies.tasks.forking import write_splits
 from scripts.studies.tasks.sum_or_difference import (
     SOD_ALPHABET,
@@ -52,25 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@torch.no_grad()
 def sampled_stats(model, tokenizer, rows: list[dict[str, str]], samples: int, seed: int) -> dict[str, float]:
     """Self-consistency (a sample is its own strategy executed right), task accuracy and P(L) at T = 1."""
-    model.eval()
-    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
-    torch.manual_seed(seed)
-    out = model.generate(
-        **enc,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=MAX_NEW_TOKENS,
-        num_return_sequences=samples,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.train()
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    prompts = [r["prompt"] for r in rows]
+    texts = sample(model, tokenizer, prompts, samples=samples, seed=seed, max_new_tokens=MAX_NEW_TOKENS)
     own = right = n_l = 0
     for i, t in enumerate(texts):
         row = rows[i // samples]
@@ -89,52 +72,29 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = build_char_tokenizer(SOD_ALPHABET, model_max_length=32)
     if not args.model_only:
         write_splits(args.out / "data", {s: make_sod_examples(s) for s in SOD_SPLITS})
-    sft = make_sod_examples("train", seed=1000 + args.seed, prior_l=SOD_BASE_PRIOR_L, n=200_000)
+    rows = make_sod_examples("train", seed=1000 + args.seed, prior_l=SOD_BASE_PRIOR_L, n=200_000)
     val = make_sod_examples("validation")
-    model = build_qwen2(
-        tokenizer,
-        hidden_size=128,
-        intermediate_size=256,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        seed=args.seed,
-        max_new_tokens=MAX_NEW_TOKENS,
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    model = build_model(tokenizer, args.seed, MAX_NEW_TOKENS)
     rng = random.Random(args.seed)
-    step, stats = 0, {}
-    while step < args.max_steps:
-        batch = make_batch([sft[rng.randrange(len(sft))] for _ in range(args.batch_size)], tokenizer)
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        if step % args.eval_every == 0:
-            stats = sampled_stats(model, tokenizer, val, samples=8, seed=args.seed)
-            shown = " ".join(f"{k}={v:.3f}" for k, v in stats.items())
-            print(f"step={step} loss={loss.item():.4f} {shown} t={time.perf_counter() - t0:.0f}s", flush=True)
-            if stats["self_consistency"] >= args.target:
-                break
+    sft = supervise(
+        model,
+        lambda: make_batch([rows[rng.randrange(len(rows))] for _ in range(args.batch_size)], tokenizer),
+        lambda: sampled_stats(model, tokenizer, val, samples=8, seed=args.seed),
+        lambda stats: stats["self_consistency"] >= args.target,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+    )
     out = args.out if args.model_only else args.out / "model"
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save(model, tokenizer, out)
     report = {
         "seed": args.seed,
         "params": sum(p.numel() for p in model.parameters()),
-        "sft_steps": step,
+        "sft_steps": sft.steps,
         "seconds": round(time.perf_counter() - t0, 1),
-        **{f"val_{k}": round(v, 4) for k, v in stats.items()},
+        **{f"val_{k}": round(v, 4) for k, v in sft.stats.items()},
     }
-    for f in out.iterdir():  # safetensors writes 0600
-        f.chmod(0o644)
-    (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report), flush=True)
+    write_report(out, report)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ rollout loop that keeps environment tokens out of the loss and out of every stat
 
 from lit_entropy.agents.config import MultiTurnConfig
 from lit_entropy.agents.environments import Environments, EnvironmentSession, TurnOutcome
+from lit_entropy.agents.openenv import OpenEnvTextEnvironment
 from lit_entropy.agents.parsers import TOOL_PARSERS, ToolCall, hermes_tool_calls, register_tool_parser
 from lit_entropy.agents.rollout import MultiTurnRollout
 from lit_entropy.agents.template import ConversationRenderer, TemplateRewritesTurns
@@ -16,6 +17,7 @@ __all__ = [
     "Environments",
     "MultiTurnConfig",
     "MultiTurnRollout",
+    "OpenEnvTextEnvironment",
     "TemplateRewritesTurns",
     "ToolCall",
     "TurnOutcome",

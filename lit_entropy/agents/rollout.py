@@ -67,14 +67,10 @@ class MultiTurnRollout:
     @classmethod
     def of(cls, settings: Any, async_rollout: Any = None) -> MultiTurnRollout | None:
         """The rollout of ``settings.multi_turn`` (None when unset); refuses settings it cannot serve (dynamic
-        sampling, ``model.async_rollout``)."""
+        sampling). Under ``model.async_rollout`` the rollout worker runs :meth:`generate` on its own copy of the
+        policy (the Hugging Face engine; the asynchronous pipeline refuses the vLLM engine's process)."""
         if settings.multi_turn is None:
             return None
-        if async_rollout is not None:
-            raise ValueError(
-                "model.async_rollout with model.multi_turn: the rollout worker samples single completions; "
-                "set model.async_rollout: null"
-            )
         if settings.sampling.filter_groups:
             raise ValueError(
                 "model.sampling.filter_groups=True with model.multi_turn: dynamic sampling does not keep trajectories "

@@ -99,7 +99,7 @@ def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None)
 
     Raises:
         ValueError: ``model.async_rollout`` with ``model.sampling.filter_groups`` (a step without an update would
-            leave a taken batch untrained: not supported yet; ``model.multi_turn`` refuses it in its own check).
+            leave a taken batch untrained: not supported yet).
     """
     if config is None:
         return settings

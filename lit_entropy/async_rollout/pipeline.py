@@ -58,6 +58,7 @@ class RolloutHost(Protocol):
     settings: RFTSettings
     device: torch.device
     global_step: int
+    multi_turn: Any  # model.multi_turn's MultiTurnRollout, or None
 
     def generate(self, batch: Batch, sampling: Any) -> RolloutBatch: ...
 
@@ -179,7 +180,14 @@ class AsyncRollouts:
         sampling, self.pushed = host.settings.sampling, self.version
         generate: Callable[[Batch], Any]
         load: Callable[[Any, int], None]
+        multi_turn = getattr(host, "multi_turn", None)
         if isinstance(engine, ProcessRolloutEngine):
+            if multi_turn is not None:
+                raise ValueError(
+                    "model.async_rollout with model.multi_turn runs the environment loop in the worker thread, on the "
+                    "Hugging Face engine only: the vLLM engine's process samples single completions; leave "
+                    "model.rollout unset (Hugging Face generate) or set model.async_rollout: null"
+                )
             engine.current_version = self.version
             hosted = engine
 
@@ -194,6 +202,8 @@ class AsyncRollouts:
             self.shadow, first = shadow, None
 
             def generate(batch: Batch) -> Any:
+                if multi_turn is not None:  # the whole environment loop, every round on the worker's copy
+                    return multi_turn.generate(engine, shadow, batch, sampling)
                 return engine.generate(shadow, batch["input_ids"], batch["attention_mask"], sampling)
 
             def load(weights: dict[str, Tensor], version: int) -> None:
@@ -260,7 +270,14 @@ class AsyncRollouts:
         assert self.worker is not None
         self.version += 1
         engine = host.rollout_engine
+        multi_turn = getattr(host, "multi_turn", None)
         if isinstance(engine, ProcessRolloutEngine):
+            if multi_turn is not None:
+                raise ValueError(
+                    "model.async_rollout with model.multi_turn runs the environment loop in the worker thread, on the "
+                    "Hugging Face engine only: the vLLM engine's process samples single completions; leave "
+                    "model.rollout unset (Hugging Face generate) or set model.async_rollout: null"
+                )
             engine.current_version = self.version  # what validation from the trainer samples with
         if self.version - self.pushed >= self.config.weight_sync_steps:
             weights: Any

@@ -335,7 +335,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def load_weights(self, weights: Iterable[tuple[str, Tensor]], step: int) -> None:
         """Load ``(HF name, full tensor)`` pairs as the weights of optimizer step ``step`` (the engine process of
         :class:`~lit_entropy.rollout.process.ProcessRolloutEngine` receives the policy's weights this way).
-"""
+        """
         self.start()
         self._load(iter(weights))
         self._synced_step = step

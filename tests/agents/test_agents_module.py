@@ -62,11 +62,6 @@ def test_dynamic_sampling_is_refused_with_multi_turn():
         RFTModule(sampling=sampling, multi_turn=MultiTurnConfig(environment="tests.agents._agents:Guess"))
 
 
-def test_async_rollouts_are_refused_with_multi_turn():
-    with pytest.raises(ValueError, match="model.async_rollout with model.multi_turn"):
-        RFTModule(async_rollout={}, multi_turn=MultiTurnConfig(environment="tests.agents._agents:Guess"))
-
-
 def test_a_template_that_rewrites_turns_is_refused_at_setup(chat_model_dir):
     module = RFTModule(
         policy=PolicyConfig(chat_model_dir),

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from scripts.assets.sft import pad_right
+from scripts.assets.sft import pad_right, sampled_ids
 
 __all__ = [
     "Trajectory",
@@ -78,17 +78,8 @@ def sample_turns(model: Any, tokenizer: Any, contexts: list[list[int]], max_new_
     for i, c in enumerate(contexts):  # left padding, as batched generation needs
         ids[i, width - len(c) :] = torch.tensor(c)
         att[i, width - len(c) :] = 1
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=att,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )[:, width:].tolist()
+    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, input_ids=ids, attention_mask=att)
+    out = out[:, width:].tolist()
     turns = []
     for row in out:
         cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)

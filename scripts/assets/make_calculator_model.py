@@ -29,7 +29,7 @@ import torch
 from lit_entropy.environments.calculator import calculate, make_calculator_examples
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
 from scripts.assets.agent_rollout import play_trajectories, supervised_batch
-from scripts.assets.sft import arguments, build_model, save, supervise, write_report
+from scripts.assets.sft import add_sft_arguments, arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-calculator"
 MAX_CALL_TOKENS = 64  # the call is 57 tokens for two-digit operands
@@ -67,10 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-share", type=float, default=0.25, help="share of supervised trajectories that call the tool")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--eval-every", type=int, default=100)
+    add_sft_arguments(p, max_steps=3000, eval_every=100)
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--target-tool-acc", type=float, default=0.6, help="stop once tool trajectories are this right")
     p.add_argument("--final-prompts", type=int, default=256)

@@ -27,7 +27,7 @@ import torch
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
 from lit_entropy.environments.guessing_game import DEFAULT_MAX_TURNS, GuessingGame, make_guessing_examples
 from scripts.assets.agent_rollout import play_text_environment, supervised_batch
-from scripts.assets.sft import arguments, build_model, save, supervise, write_report
+from scripts.assets.sft import add_sft_arguments, arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-guess"
 TURN_TOKENS = 4  # "16" then <eos>, with a spare token
@@ -57,10 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--eval-every", type=int, default=50)
+    add_sft_arguments(p, max_steps=3000, eval_every=50)
     p.add_argument("--eval-games", type=int, default=64)
     p.add_argument("--target", type=float, default=1.0, help="stop once the sampled mean reward reaches this")
     p.add_argument("--final-games", type=int, default=512)

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_size, make_arithmetic_examples
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
 from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.sft import arguments, make_batch, save, supervise, warm_up
+from scripts.assets.sft import add_sft_arguments, arguments, make_batch, save, supervise, warm_up
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
 
@@ -44,10 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-kv-heads", type=int, default=1)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--intermediate-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=3000, help="hard cap on SFT steps")
-    p.add_argument("--eval-every", type=int, default=25, help="SFT steps between early-stop checks")
+    add_sft_arguments(p, max_steps=3000, eval_every=25, lr=2e-3)
     p.add_argument("--eval-prompts", type=int, default=128, help="val prompts per early-stop check")
     p.add_argument("--target-acc", type=float, default=0.38, help="stop once sampled T=1 val acc reaches this")
     p.add_argument("--final-prompts", type=int, default=512, help="val prompts in the final report")

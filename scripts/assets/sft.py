@@ -27,16 +27,29 @@ from lit_entropy.models.tiny import build_qwen2
 
 __all__ = [
     "Supervised",
+    "add_sft_arguments",
     "arguments",
     "build_model",
     "make_batch",
     "pad_right",
     "sample",
+    "sampled_ids",
     "save",
     "supervise",
     "warm_up",
     "write_report",
 ]
+
+
+def add_sft_arguments(
+    parser: argparse.ArgumentParser, *, max_steps: int, eval_every: int, lr: float = 3e-3, batch_size: int = 64
+) -> None:
+    """The SFT options every builder takes (``--lr``, ``--batch-size``, ``--max-steps``, ``--eval-every``), with the
+    builder's defaults."""
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--max-steps", type=int, default=max_steps, help="hard cap on SFT steps")
+    parser.add_argument("--eval-every", type=int, default=eval_every, help="SFT steps between early-stop checks")
 
 
 def warm_up(steps: int) -> Callable[[int], float]:
@@ -86,6 +99,30 @@ def make_batch(examples: list[dict[str, str]], tokenizer: PreTrainedTokenizerFas
 
 
 @torch.no_grad()
+def sampled_ids(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    max_new_tokens: int,
+    samples: int = 1,
+    temperature: float = 1.0,
+    **inputs: torch.Tensor,
+) -> torch.Tensor:
+    """``model.generate`` sampling at ``temperature`` without top-k / top-p: ``samples`` sequences per row of
+    ``inputs`` (``input_ids``, ``attention_mask``), prompt ids included, stopping at the tokenizer's ``<eos>``."""
+    return model.generate(
+        **inputs,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=samples,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
 def sample(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -101,17 +138,7 @@ def sample(
     model.eval()
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
-    out = model.generate(
-        **enc,
-        do_sample=True,
-        temperature=temperature,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=samples,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, **enc)
     model.train()
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 

@@ -19,10 +19,13 @@ import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["Study", "add_arguments", "claim", "code_revision", "execute", "pool", "prepare", "status"]
+from scripts.studies.results import is_finished
+
+__all__ = ["Study", "add_arguments", "arm_study", "claim", "code_revision", "execute", "pool", "prepare", "status"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +51,36 @@ class Study:
     ready: Callable[[Hashable], bool]
     train: Callable[[Hashable], None]
     command: Callable[[Hashable], list[str]]
+
+
+def arm_study(
+    tag: str, module: str, args: argparse.Namespace, name: Callable[[Any], str], train: Callable[[Any], None]
+) -> Study:
+    """The runner's view of an experiment's ``(base, arm, seed)`` runs (base None in a one-base experiment).
+
+    A run is done once it is in ``args.exp``'s table or ``per_run/`` (:func:`scripts.studies.results.is_finished`);
+    a ``replay*`` arm is ready once the Clip_B run of its base and seed is done (it replays that run's counts); one
+    run alone is ``python -m <module> --run --experiment ... --arms <arm> --seeds <seed> [--bases <base>]`` with
+    ``args``' steps and evaluation interval.
+    """
+
+    def done(key: Any) -> bool:
+        return is_finished(args.exp, name(key))
+
+    def ready(key: Any) -> bool:
+        base, arm, seed = key
+        return not arm.startswith("replay") or done((base, "clip_b", seed))
+
+    def command(key: Any) -> list[str]:
+        base, arm, seed = key
+        return [
+            module,
+            *("--run", "--experiment", args.experiment, "--exp", str(args.exp), "--arms", arm, "--seeds", str(seed)),
+            *("--steps", str(args.steps), "--eval-every", str(args.eval_every)),
+            *(["--bases", base] if base is not None else []),
+        ]
+
+    return Study(tag=tag, exp=args.exp, name=name, done=done, ready=ready, train=train, command=command)
 
 
 def code_revision(code_paths: Sequence[str]) -> str:

@@ -16,7 +16,9 @@ __all__ = ["fit_and_record", "write_csv"]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``rows`` as a CSV file with a header, written atomically."""
+    """``rows`` as a CSV file with a header, written atomically (nothing when there are no rows)."""
+    if not rows:
+        return
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

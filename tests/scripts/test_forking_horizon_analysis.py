@@ -3,14 +3,13 @@ hand-made runs; and the generated blocks of both experiments (horizon, short) ma
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
 from _scripts import load_script
+from _study_runs import train_row, write_run
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 EXP = SCRIPTS / "forking" / "experiments" / "horizon"
@@ -18,17 +17,8 @@ EXP = SCRIPTS / "forking" / "experiments" / "horizon"
 SCALE = {"A": 1.0, "B": 0.5, "C": 0.25, "D": 0.1}
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, rev: str = "abc1234") -> None:
     """Two prompts per class evaluated at steps 0, 40, 80, 120; p(first token right) = 0.8 after step 0."""
-    d = exp / "per_run" / f"{base}__{arm}__s{seed}"
-    d.mkdir(parents=True)
     rows = []
     for step in (0, 40, 80, 120):
         for cls in "ABCD":
@@ -45,26 +35,9 @@ def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, rev: str = "a
                         "logp_first": math.log(first),
                     }
                 )
-    _write(d / "eval.csv", rows)
-    train = [
-        {
-            "step": s,
-            "reward_mean": 0.5,
-            "entropy_strategy": 0.4,
-            "masked_n_strategy": 2,
-            "masked_neg_strategy": 0.1,
-            "tokens_strategy": 64,
-            "entropy_exec": 0.02,
-            "masked_n_exec": 1,
-            "masked_neg_exec": 0.01,
-            "tokens_exec": 1800,
-        }
-        for s in (1, 2, 3, 4)
-    ]
-    _write(d / "train.csv", train)
+    train = [train_row(s, (0.4, 2, 0.1, 64), (0.02, 1, 0.01, 1800)) for s in (1, 2, 3, 4)]
     shortfall = 4 if arm == "replay_mask" else None
-    done = {"seconds": 60.0, "steps": 4, "code_revision": rev, "torch": "t", "threads": 1}
-    (d / "done.json").write_text(json.dumps({**done, "replay_shortfall": shortfall}))
+    write_run(exp, f"{base}__{arm}__s{seed}", rows, train, rev, replay_shortfall=shortfall)
 
 
 def test_class_weighted_endpoint_against_hand_computation(tmp_path):
@@ -110,7 +83,7 @@ def test_pooled_and_per_base_comparisons(tmp_path):
 
 
 def test_analysis_refuses_mixed_revisions(tmp_path):
-    an = load_script("scripts.studies.horizon.analysis")
+    an = load_script("scripts.studies.analysis")  # every study's loader
     _fake_run(tmp_path, "fork-s0", "grpo", 0, 0.3, rev="aaaaaaa")
     _fake_run(tmp_path, "fork-s1", "grpo", 0, 0.3, rev="bbbbbbb")
     with pytest.raises(ValueError, match="code revision"):

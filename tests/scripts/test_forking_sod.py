@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from _scripts import load_script
+from _study_runs import assert_replays_counts
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -84,10 +85,7 @@ def test_two_step_pipeline_replays_clip_b_counts(tmp_path):
         ]
     )
     runs = {name: tmp_path / "per_run" / f"{name}__s0" for name in ("clip_b", "replay_mask")}
-    train = {k: list(csv.DictReader((d / "train.csv").open())) for k, d in runs.items()}
-    for a, b in zip(train["clip_b"], train["replay_mask"], strict=True):
-        total = int(a["masked_n_strategy"]) + int(a["masked_n_exec"])
-        assert int(b["masked_n_strategy"]) + int(b["masked_n_exec"]) == total
+    assert_replays_counts(runs["clip_b"], runs["replay_mask"])
     evals = list(csv.DictReader((runs["clip_b"] / "eval.csv").open()))
     assert sorted({int(r["step"]) for r in evals}) == [0, 1, 2] and len(evals) == 3 * 150
     done = json.loads((runs["replay_mask"] / "done.json").read_text())

@@ -3,7 +3,6 @@ the generated block of scripts/forking/README.md matches the committed runs."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import shutil
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from _scripts import load_script
+from _study_runs import train_row, write_run
 
 from scripts.studies.results import run_names
 
@@ -20,17 +20,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 _load = load_script
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _fake_run(exp: Path, arm: str, seed: int, p: float, rev: str = "abc1234") -> None:
     """Two prompts (sum, diff) evaluated at steps 0, 40, 80, 120; p(correct) = p at the last three steps."""
-    d = exp / "per_run" / f"{arm}__s{seed}"
-    d.mkdir(parents=True)
     rows = []
     for step in (0, 40, 80, 120):
         for prompt, cls in (("1,2?", "sum"), ("5,3?", "diff")):
@@ -45,32 +36,12 @@ def _fake_run(exp: Path, arm: str, seed: int, p: float, rev: str = "abc1234") ->
                     "logp_R": math.log(0.25),
                 }
             )
-    _write(d / "eval.csv", rows)
-    train = [
-        {
-            "step": s,
-            "reward_mean": 0.5,
-            "entropy_strategy": 0.4,
-            "masked_n_strategy": 2,
-            "masked_neg_strategy": 0.1,
-            "tokens_strategy": 128,
-            "entropy_exec": 0.02,
-            "masked_n_exec": 1,
-            "masked_neg_exec": 0.01,
-            "tokens_exec": 1000,
-        }
-        for s in (1, 2, 3, 4)
-    ]
-    _write(d / "train.csv", train)
-    (d / "done.json").write_text(
-        json.dumps(
-            {"seconds": 60.0, "steps": 4, "code_revision": rev, "torch": "t", "threads": 1, "replay_shortfall": None}
-        )
-    )
+    train = [train_row(s, (0.4, 2, 0.1, 128), (0.02, 1, 0.01, 1000)) for s in (1, 2, 3, 4)]
+    write_run(exp, f"{arm}__s{seed}", rows, train, rev)
 
 
 def test_verdict_rule():
-    an = _load("scripts.studies.sod.analysis")
+    an = _load("scripts.studies.analysis")  # the rule of A, B and C
     assert an.verdict(0.01, 0.10, 0.05, 0.01) == "better"
     assert an.verdict(-0.10, -0.03, -0.06, 0.01) == "worse"
     assert an.verdict(0.01, 0.10, 0.05, 0.0625) == "inconclusive"  # the sign-flip test does not reject

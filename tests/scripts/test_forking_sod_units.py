@@ -4,8 +4,6 @@ hand-made runs, and the generated README block against the committed runs."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import random
 import shutil
@@ -13,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from _scripts import load_script
+from _study_runs import train_row, write_run
 
 from scripts.studies.results import run_names
 
@@ -64,18 +63,9 @@ def test_issue_39_verdict_rule():
     assert v(float("nan"), float("nan"), 0.1, 1.0, 0.02) == "inconclusive"
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, masked: int = 0, rev: str = "abc1234") -> None:
     """Two test prompts (sum, diff) at steps 0, 40, 80, 120 with p(correct) = p at the last three; 60 steps
     with ``masked`` strategy tokens masked at steps 1-50 and none later."""
-    d = exp / "per_run" / f"{base}__{arm}__s{seed}"
-    d.mkdir(parents=True)
     rows = []
     for step in (0, 40, 80, 120):
         for prompt, cls in (("1,2?", "sum"), ("5,3?", "diff")):
@@ -83,23 +73,8 @@ def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, masked: int =
             rows.append(
                 {"step": step, "temperature": 1.0, "prompt": prompt, "class": cls, "logp": math.log(q), "logp_R": -1.0}
             )
-    _write(d / "eval.csv", rows)
-    train = []
-    for s in range(1, 61):
-        row = {"step": s, "reward_mean": 0.5}
-        for role in ("strategy", "exec"):
-            row.update(
-                {
-                    f"entropy_{role}": 0.1,
-                    f"masked_n_{role}": masked if role == "strategy" and s <= 50 else 0,
-                    f"masked_neg_{role}": 0.0,
-                    f"tokens_{role}": 128,
-                }
-            )
-        train.append(row)
-    _write(d / "train.csv", train)
-    done = {"seconds": 120.0, "steps": 60, "code_revision": rev, "torch": "t", "threads": 1, "replay_shortfall": None}
-    (d / "done.json").write_text(json.dumps(done))
+    train = [train_row(s, (0.1, masked if s <= 50 else 0, 0.0, 128), (0.1, 0, 0.0, 128)) for s in range(1, 61)]
+    write_run(exp, f"{base}__{arm}__s{seed}", rows, train, rev, seconds=120.0)
 
 
 def test_units_analysis_on_hand_made_runs(tmp_path):
@@ -145,14 +120,6 @@ def test_units_analysis_on_hand_made_runs(tmp_path):
     docs = (tmp_path / "docs_block.md").read_text()
     assert "Status: PROVISIONAL" in docs and "primary, pooled: **Clip_B mu 2.5 - GRPO** pass@64 (n = 3)" in docs
     assert "Per-unit" not in docs and "| sod-s1 | GRPO | 1 |" in docs
-
-
-def test_units_analysis_refuses_mixed_revisions(tmp_path):
-    units = load_script("scripts.studies.sod.units")
-    _fake_run(tmp_path, "sod-s0", "grpo", 0, 0.3, rev="aaaaaaa")
-    _fake_run(tmp_path, "sod-s1", "grpo", 0, 0.3, rev="bbbbbbb")
-    with pytest.raises(ValueError, match="code revision"):
-        units.load_unit_runs(tmp_path)
 
 
 def test_robust_block_matches_the_committed_runs(tmp_path):

@@ -365,20 +365,13 @@ def _fit(
         full_denominator=full_denominator,
     )
     data = _datamodule(args.batch_prompts, seed, val_prompts=args.val_prompts)
+    # One CPU process, nothing written: the recorder keeps what the experiment reports.
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=1 if validate else 0,
-        val_check_interval=val_every if validate else None,
-        check_val_every_n_epoch=None if validate else 1,
-        callbacks=[*callbacks, recorder],
-    )
+        accelerator="cpu", devices=1, max_steps=steps, enable_model_summary=False, num_sanity_val_steps=0, **quiet,
+        limit_val_batches=1 if validate else 0, val_check_interval=val_every if validate else None,
+        check_val_every_n_epoch=None if validate else 1, callbacks=[*callbacks, recorder],
+    )  # fmt: skip
     if validate:
         trainer.validate(module, datamodule=data, verbose=False)
     trainer.fit(module, data)
@@ -528,6 +521,13 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         made.append(name)
 
+    def annotate(ax, x: str, y: str | None, title: str) -> None:
+        ax.set_xlabel(x)
+        if y is not None:
+            ax.set_ylabel(y)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+
     if "a" in results and "steps" in results["a"]:
         rows = results["a"]["steps"]
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -536,10 +536,9 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         ax.semilogx(norms, [r["corr_first_order"] for r in rows], "s--", label="corr: exact first order")
         ax.semilogx(norms, [r["sign_theory"] for r in rows], "o-", label="sign: -A(S-E_p[S])")
         ax.semilogx(norms, [r["corr_theory"] for r in rows], "s--", label="corr: -A(S-E_p[S])")
-        ax.set_xlabel("parameter step norm ||eta g||")
-        ax.set_ylabel("agreement with measured dH")
-        ax.set_title("(a) first-order check, per position")
-        ax.legend(fontsize=7)
+        annotate(
+            ax, "parameter step norm ||eta g||", "agreement with measured dH", "(a) first-order check, per position"
+        )
         save(fig, "a_first_order.png")
     if "b" in results:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -549,10 +548,7 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
                 holds = f"holds: slope {row['holds']}/{n}, change {row['holds_change']}/{n}"
                 label = f"{name} (theory: {row['expected']}; {holds})" if j == 0 else None
                 ax.plot(r["entropy"], color=f"C{i}", alpha=0.6, lw=1, label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("probe-set entropy (nats/token)")
-        ax.set_title("(b) selective masking")
-        ax.legend(fontsize=7)
+        annotate(ax, "step", "probe-set entropy (nats/token)", "(b) selective masking")
         save(fig, "b_selective_masking.png")
     if "e" in results:
         runs = results["e"]["grpo"]
@@ -562,9 +558,7 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
             ax.plot([abs(h["train/dynamics/s_mean"]) for h in hist], label="|mean S|")
             ax.plot([abs(h["train/dynamics/centred_s_mean"]) for h in hist], label="|mean (S - E_p[S])|")
             ax.set_yscale("log")
-            ax.set_xlabel("step")
-            ax.set_title("(c) centred baseline (GRPO, seed 0)")
-            ax.legend(fontsize=7)
+            annotate(ax, "step", None, "(c) centred baseline (GRPO, seed 0)")
             save(fig, "c_centred_baseline.png")
     if "d" in results:
         fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from scripts.assets.sft import build_model, make_batch, sample, save, supervise, write_report
+from scripts.assets.sft import add_sft_arguments, build_model, make_batch, sample, save, supervise, write_report
 from scripts.studies.tasks.forking import (
     BASE_STRATEGY_PRIOR,
     CHAIN_SPLITS,
@@ -56,10 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT, help="root: models/<name>, data/<task>")
     p.add_argument("--only", default=None, help="build only this model (fork-s0, fork-s1, chain) or 'data'")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=500)
-    p.add_argument("--eval-every", type=int, default=100)
+    add_sft_arguments(p, max_steps=500, eval_every=100)
     p.add_argument("--exec-target", type=float, default=0.95, help="forking: stop at this execution accuracy")
     p.add_argument("--chain-target", type=float, default=0.35, help="chain: stop at this sampled accuracy")
     p.add_argument(

@@ -35,7 +35,6 @@ model, same RL seed), with a 95 % bootstrap interval that resamples seeds and, w
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -71,6 +70,7 @@ from scripts.studies.forking.design import (  # noqa: E402, F401  (re-exported: 
     Run,
     grid,
 )
+from scripts.studies.runs import write_csv  # noqa: E402  (below the constants, with the design import)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -185,17 +185,6 @@ def _run_cols(run: Run) -> dict[str, Any]:
     return {"task": run.task, "base": run.base, "method": run.method, "seed": run.seed}
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
 # --------------------------------------------------------------------------------------- training
 def make_recorder(run: Run, eval_steps: set[int], smoke: bool):
     """A callback that records per-step token statistics by role and evaluates at ``eval_steps``."""
@@ -255,8 +244,8 @@ def train_one(run: Run, run_dir: Path, smoke: bool) -> None:
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seconds = time.perf_counter() - t0
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_csv(run_dir / "eval.csv", recorder.eval_rows)
-    _write_csv(run_dir / "train.csv", recorder.train_rows)
+    write_csv(run_dir / "eval.csv", recorder.eval_rows)
+    write_csv(run_dir / "train.csv", recorder.train_rows)
     (run_dir / "done").write_text(json.dumps({"seconds": round(seconds, 1), "steps": run.steps}) + "\n")
 
 
@@ -272,7 +261,7 @@ def evaluate_base(task: str, base: str, run_dir: Path, smoke: bool) -> None:
     t0 = time.perf_counter()
     rows = evaluate(policy, tokenizer, run, 0, smoke=smoke)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_csv(run_dir / "eval.csv", rows)
+    write_csv(run_dir / "eval.csv", rows)
     (run_dir / "done").write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 1), "steps": 0}) + "\n")
 
 

@@ -22,9 +22,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from scripts.studies.results import collect
-from scripts.studies.results import load_runs as load_table
-from scripts.studies.sod.analysis import judge, replace_block, train_summary
+from scripts.studies.analysis import judge, load_runs, mean_row, provenance, replace_block, run_record
+from scripts.studies.sod.analysis import train_summary
 from scripts.studies.tasks.forking import CLASS_PROBS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,20 +50,6 @@ ARM_ORDER = (*PRIMARY, "grpo_null")
 COMPARISONS = (("clip_b", "grpo"), ("replay_mask", "grpo"), ("clip_b", "replay_mask"), ("grpo_null", "grpo"))
 METRICS = ("pass@64", "avg@64")
 Unit = tuple[str, int]  # (base, seed)
-
-
-def load_runs(exp: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """``{(base, arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run; refuses runs
-    of more than one code revision."""
-    runs = {}
-    collect(exp)  # runs finished since (per_run/) join the table first
-    for name, run in load_table(exp).items():
-        base, arm, seed = name.split("__")
-        runs[(base, arm, int(seed[1:]))] = run
-    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
-    if len(revisions) > 1:
-        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
-    return runs
 
 
 def at_step(rows: list[dict[str, str]]) -> dict[str, float]:
@@ -101,11 +86,7 @@ def per_run_table(runs: dict[tuple[str, str, int], dict[str, Any]]) -> dict[str,
     table = {}
     for (base, arm, seed), run in sorted(runs.items()):
         row = {"base": base, "arm": arm, "seed": seed, **endpoint(run["eval"]), **train_summary(run["train"])}
-        row["seconds"] = run["done"]["seconds"]
-        row["replay_shortfall"] = run["done"].get("replay_shortfall")
-        if row["replay_shortfall"] is not None:  # share of the replayed Clip_B count that found A < 0 tokens
-            masked = sum(int(r["masked_n_strategy"]) + int(r["masked_n_exec"]) for r in run["train"])
-            row["replay_matched_share"] = masked / max(masked + row["replay_shortfall"], 1)
+        row.update(run_record(run))
         table[f"{base}__{arm}__s{seed}"] = row
     return table
 
@@ -146,20 +127,15 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "horizon")
     for base in bases:
         for arm in sorted({r["arm"] for r in table.values() if r["base"] == base}, key=ARM_ORDER.index):
             rows = [r for r in table.values() if r["base"] == base and r["arm"] == arm]
-            keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
-            means[f"{base}__{arm}"] = {"base": base, "arm": arm, "n": len(rows)}
-            means[f"{base}__{arm}"].update({k: fmean(r[k] for r in rows) for k in keys})
+            means[f"{base}__{arm}"] = {"base": base, "arm": arm, **mean_row(rows)}
     start = {}
     for (base, _, _), run in sorted(runs.items()):
         start.setdefault(base, at_step([r for r in run["eval"] if r["step"] == "0"]))
-    done = [r["done"] for r in runs.values()]
     first = next(iter(runs.values()))["eval"] if runs else []
     summary = {
         "experiment": experiment,
         "endpoint_steps": sorted({int(r["step"]) for r in first})[-LAST_EVALS:],
-        "code_revision": done[0]["code_revision"] if done else None,
-        "torch": sorted({d["torch"] for d in done}),
-        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        **provenance(runs),
         "n_runs": len(runs),
         "base_models": start,
         "arm_means": means,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from lit_entropy.functional import clip_b_mask, entropy_discriminator, grpo_advantages
+from scripts.assets.sft import sampled_ids
 from scripts.studies.horizon.run import BASES, EXPERIMENTS
 
 GROUP = 8
@@ -33,15 +34,7 @@ def response_stats(model: Any, tokenizer: Any, prompts: list[str], max_new_token
     ``<eos>``) and per token ``log p`` of the sampled token and the entropy H of the next-token distribution."""
     enc = tokenizer(prompts, return_tensors="pt", add_special_tokens=False)
     torch.manual_seed(seed)
-    out = model.generate(
-        **enc,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, **enc)
     start = enc["input_ids"].shape[1]
     response = out[:, start:]
     with torch.no_grad():

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from scripts.studies.sod.report import PAPER, RULE, _f
+from scripts.studies.report import (
+    PAPER,
+    RULE,
+    judged_cells,
+    markdown_table,
+    per_base_rows,
+    plot_runs,
+    save_figure,
+    verdict_text,
+)
+from scripts.studies.report import number as _f
 from scripts.studies.tasks.forking import CLASS_PROBS
 
 LABELS = {
@@ -23,34 +33,37 @@ MINORITY = ("B", "C", "D")
 
 def arm_table(summary: dict[str, Any]) -> str:
     head = " / ".join(MINORITY)
-    lines = [
+    header = (
         f"| base | arm | seeds | pass@64 | avg@64 | pass@64 {head} | P(right strategy) {head} | "
         "p(correct execution given the right strategy) B | entropy strategy / exec (last quarter, nats) | "
-        "masked tokens per step strategy / exec |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for base, m in summary["base_models"].items():
-        lines.append(
-            f"| {base} | base model (step 0) | - | {_f(m['pass@64'])} | {_f(m['avg@64'])} | "
-            + " / ".join(_f(m[f"pass@64_{c}"]) for c in MINORITY)
-            + " | "
-            + " / ".join(_f(m[f"p_first_{c}"]) for c in MINORITY)
-            + f" | {_f(m['exec_given_first_B'])} | | |"
+        "masked tokens per step strategy / exec |"
+    )
+
+    def base_rows(base: str, m: dict[str, Any]) -> list[str]:
+        return [
+            f"| {base} | base model (step 0) | - | {_classes(m)} | | |",
+            f"| {base} | always A, executed right (floor) | - | {CLASS_PROBS[0]:.3f} | | 0 / 0 / 0 | 0 / 0 / 0 | | | |",
+        ]
+
+    def arm_row(m: dict[str, Any]) -> str:
+        return (
+            f"| {m['base']} | {LABELS[m['arm']]} | {m['n']} | {_classes(m)} | "
+            f"{m['entropy_strategy_last_quarter']:.3f} / {m['entropy_exec_last_quarter']:.3f} | "
+            f"{m['masked_per_step_strategy']:.1f} / {m['masked_per_step_exec']:.1f} |"
         )
-        lines.append(
-            f"| {base} | always A, executed right (floor) | - | {CLASS_PROBS[0]:.3f} | | 0 / 0 / 0 | 0 / 0 / 0 | | | |"
-        )
-        for m in (v for v in summary["arm_means"].values() if v["base"] == base):
-            lines.append(
-                f"| {base} | {LABELS[m['arm']]} | {m['n']} | {_f(m['pass@64'])} | {_f(m['avg@64'])} | "
-                + " / ".join(_f(m[f"pass@64_{c}"]) for c in MINORITY)
-                + " | "
-                + " / ".join(_f(m[f"p_first_{c}"]) for c in MINORITY)
-                + f" | {_f(m['exec_given_first_B'])} | {m['entropy_strategy_last_quarter']:.3f} / "
-                f"{m['entropy_exec_last_quarter']:.3f} | {m['masked_per_step_strategy']:.1f} / "
-                f"{m['masked_per_step_exec']:.1f} |"
-            )
-    return "\n".join(lines) + "\n"
+
+    return markdown_table(header, per_base_rows(summary, base_rows, arm_row))
+
+
+def _classes(m: dict[str, Any]) -> str:
+    """pass@64, avg@64, then per minority class pass@64, P(right strategy), and p(correct execution | B)."""
+    return (
+        f"{_f(m['pass@64'])} | {_f(m['avg@64'])} | "
+        + " / ".join(_f(m[f"pass@64_{c}"]) for c in MINORITY)
+        + " | "
+        + " / ".join(_f(m[f"p_first_{c}"]) for c in MINORITY)
+        + f" | {_f(m['exec_given_first_B'])}"
+    )
 
 
 def _name(c: dict[str, Any]) -> str:
@@ -58,20 +71,16 @@ def _name(c: dict[str, Any]) -> str:
 
 
 def comparison_table(summary: dict[str, Any]) -> str:
-    lines = [
+    header = (
         "| scope | comparison | metric | n units | mean difference | 95 % t interval | sign-flip p | units > 0 "
-        "| verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for c in summary["comparisons"]:
-        n = len(c["units"])
-        for metric in ("pass@64", "avg@64"):
-            r = c[metric]
-            lines.append(
-                f"| {c['scope']} | {_name(c)} | {metric} | {n} | {_f(r['mean'])} | [{_f(r['low'])}, {_f(r['high'])}] | "
-                f"{r['p_sign_flip']:.3f} | {r['positive']}/{n} | **{r['verdict']}** |"
-            )
-    return "\n".join(lines) + "\n"
+        "| verdict |"
+    )
+    rows = (
+        f"| {c['scope']} | {_name(c)} | {metric} | {len(c['units'])} | " + judged_cells(c[metric], len(c["units"]))
+        for c in summary["comparisons"]
+        for metric in ("pass@64", "avg@64")
+    )
+    return markdown_table(header, rows)
 
 
 def per_unit_lines(summary: dict[str, Any]) -> str:
@@ -138,18 +147,8 @@ def not_started(summary: dict[str, Any]) -> str:
     )
 
 
-def docs_block(summary: dict[str, Any]) -> str:
-    """The short block of the documentation pages: status, rule, the pooled verdicts and the arm table."""
-    if not summary["n_runs"]:
-        return not_started(summary)
-    lines = []
-    for c in (c for c in summary["comparisons"] if c["scope"] == "pooled"):
-        p, a = c["pass@64"], c["avg@64"]
-        lines.append(
-            f"- **{_name(c)}** (n = {len(c['units'])} units): pass@64 **{p['verdict']}** ({_f(p['mean'])} "
-            f"[{_f(p['low'])}, {_f(p['high'])}], p = {p['p_sign_flip']:.3f}); avg@64 **{a['verdict']}** "
-            f"({_f(a['mean'])} [{_f(a['low'])}, {_f(a['high'])}], p = {a['p_sign_flip']:.3f})"
-        )
+def _opening(summary: dict[str, Any], lines: list[str]) -> str:
+    """Header, status, rule, ``lines`` and the paper's figures, then the arm table."""
     return (
         _header(summary)
         + status_line(summary)
@@ -157,6 +156,20 @@ def docs_block(summary: dict[str, Any]) -> str:
         + "\n".join([*lines, f"- {PAPER}"])
         + "\n\n"
         + arm_table(summary)
+    )
+
+
+def docs_block(summary: dict[str, Any]) -> str:
+    """The short block of the documentation pages: status, rule, the pooled verdicts and the arm table."""
+    if not summary["n_runs"]:
+        return not_started(summary)
+    lines = [
+        f"- **{_name(c)}** (n = {len(c['units'])} units): {verdict_text(c, comma=' ')}"
+        for c in summary["comparisons"]
+        if c["scope"] == "pooled"
+    ]
+    return (
+        _opening(summary, lines)
         + "\nPer-base comparisons, per-unit differences and the replay's matched share: "
         + "`scripts/forking/README.md`.\n"
     )
@@ -165,14 +178,9 @@ def docs_block(summary: dict[str, Any]) -> str:
 def readme_block(summary: dict[str, Any]) -> str:
     if not summary["n_runs"]:
         return not_started(summary)
-    verdicts = []
-    for c in summary["comparisons"]:
-        p, a = c["pass@64"], c["avg@64"]
-        verdicts.append(
-            f"- {c['scope']}: **{_name(c)}** (n = {len(c['units'])}): pass@64 **{p['verdict']}** ({_f(p['mean'])}, "
-            f"[{_f(p['low'])}, {_f(p['high'])}], p = {p['p_sign_flip']:.3f}); avg@64 **{a['verdict']}** "
-            f"({_f(a['mean'])}, [{_f(a['low'])}, {_f(a['high'])}], p = {a['p_sign_flip']:.3f})"
-        )
+    verdicts = [
+        f"- {c['scope']}: **{_name(c)}** (n = {len(c['units'])}): {verdict_text(c)}" for c in summary["comparisons"]
+    ]
     for m in summary["arm_means"].values():
         if "replay_matched_share" in m:
             verdicts.append(
@@ -180,18 +188,10 @@ def readme_block(summary: dict[str, Any]) -> str:
                 "count (mean over seeds); at the other steps it had fewer A < 0 tokens than Clip_B masked and "
                 "masked them all"
             )
-    return (
-        _header(summary)
-        + status_line(summary)
-        + f"\n\nRule: {RULE}.\n\n"
-        + "\n".join([*verdicts, f"- {PAPER}"])
-        + "\n\n"
-        + arm_table(summary)
-        + (
-            "\n" + comparison_table(summary) + "\nPer-unit pass@64 differences:\n\n" + per_unit_lines(summary)
-            if summary["comparisons"]
-            else ""
-        )
+    return _opening(summary, verdicts) + (
+        "\n" + comparison_table(summary) + "\nPer-unit pass@64 differences:\n\n" + per_unit_lines(summary)
+        if summary["comparisons"]
+        else ""
     )
 
 
@@ -207,18 +207,11 @@ def plot(summary: dict[str, Any], path: Any) -> None:
     for ax, base in zip(axes[0], bases, strict=True):
         for i, arm in enumerate(LABELS):
             curves = [c for name, c in summary["pass64_curves"].items() if name.startswith(f"{base}__{arm}__s")]
-            if not curves:
-                continue
-            for c in curves:
-                ax.plot([int(s) for s in c], list(c.values()), color=f"C{i}", lw=0.5, alpha=0.5)
-            steps = sorted(set.intersection(*({int(s) for s in c} for c in curves)))
-            mean = [sum(c.get(s, c.get(str(s), 0.0)) for c in curves) / len(curves) for s in steps]
-            ax.plot(steps, mean, color=f"C{i}", lw=2, label=f"{LABELS[arm]} (n={len(curves)})")
+            if curves:
+                plot_runs(ax, curves, f"C{i}", LABELS[arm])
         ax.axhline(CLASS_PROBS[0], color="grey", ls="--", lw=1, label="always A (floor)")
         ax.set_title(base)
         ax.set_xlabel("RL step")
         ax.set_ylabel("test pass@64, class-weighted (exact)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -35,7 +35,7 @@ from typing import Any
 from scripts.studies import runner
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
 from scripts.studies.forking.run import correct_logprob
-from scripts.studies.results import is_finished, run_rows
+from scripts.studies.results import run_rows
 from scripts.studies.runs import fit_and_record
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -163,34 +163,14 @@ def planned(bases: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...
     return primary + [(b, a, s) for s in seeds for b in bases for a in order if a not in PRIMARY_ARMS]
 
 
-def is_done(exp: Path, key: Key) -> bool:
-    return is_finished(exp, run_name(*key))
-
-
-def ready(exp: Path, key: Key) -> bool:
-    base, arm, seed = key
-    return not arm.startswith("replay") or is_done(exp, (base, "clip_b", seed))
-
-
 def study(args: argparse.Namespace) -> runner.Study:
     """The runner's view of ``args.experiment``'s runs (a key is ``(base, arm, seed)``)."""
-
-    def command(key: Key) -> list[str]:
-        base, arm, seed = key
-        return [
-            "scripts.studies.horizon",
-            *("--run", "--experiment", args.experiment, "--exp", str(args.exp), "--bases", base, "--arms", arm),
-            *("--seeds", str(seed), "--steps", str(args.steps), "--eval-every", str(args.eval_every)),
-        ]
-
-    return runner.Study(
-        tag="forking_horizon",
-        exp=args.exp,
+    return runner.arm_study(
+        "forking_horizon",
+        "scripts.studies.horizon",
+        args,
         name=lambda key: run_name(*key),
-        done=lambda key: is_done(args.exp, key),
-        ready=lambda key: ready(args.exp, key),
         train=lambda key: train_one(key, args.steps, args.eval_every, args.exp, args.experiment),
-        command=command,
     )
 
 

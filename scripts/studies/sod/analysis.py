@@ -17,17 +17,15 @@ interval and the exact two-sided sign-flip p-value; verdict with the effect-size
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from scripts.studies.results import collect
-from scripts.studies.results import load_runs as load_table
-from scripts.studies.sod.design import DELTA, EXPERIMENTS, LABELS
-from scripts.studies.statistics import paired_t_interval, sign_flip_test
+from scripts.studies.analysis import judge, mean_row, provenance, replace_block, run_record
+from scripts.studies.analysis import load_runs as load_keyed_runs
+from scripts.studies.sod.design import EXPERIMENTS, LABELS
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "scripts" / "forking" / "README.md"
@@ -36,34 +34,10 @@ LAST_EVALS = 3
 METRICS = ("pass@64", "avg@64")
 
 
-def verdict(low: float, high: float, mean: float, p: float, delta: float = DELTA) -> str:
-    """The pre-registered rule: better/worse, none, or inconclusive."""
-    if any(math.isnan(x) for x in (low, high, mean)):
-        return "inconclusive"
-    excludes_zero = low > 0 or high < 0
-    if excludes_zero and abs(mean) >= delta and p < 0.05:
-        return "better" if mean > 0 else "worse"
-    if (-delta <= low and high <= delta) or (excludes_zero and abs(mean) < delta):
-        return "none"
-    return "inconclusive"
-
-
-def _read(path: Path) -> list[dict[str, str]]:
-    with path.open() as f:
-        return list(csv.DictReader(f))
-
-
 def load_runs(exp: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """``{(arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run."""
-    runs = {}
-    collect(exp)  # runs finished since (per_run/) join the table first
-    for name, run in load_table(exp).items():
-        arm, seed = name.rsplit("__s", 1)
-        runs[(arm, int(seed))] = run
-    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
-    if len(revisions) > 1:
-        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
-    return runs
+    """``{(arm, seed): {"eval": rows, "train": rows, "done": dict}}`` of every finished run
+    (:func:`scripts.studies.analysis.load_runs` of a one-base experiment)."""
+    return {(arm, seed): run for (_, arm, seed), run in load_keyed_runs(exp).items()}
 
 
 def _p(row: dict[str, str]) -> float:
@@ -110,30 +84,9 @@ def per_run_table(runs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict
         for cls in ("sum", "diff"):
             row.update({f"{k}_{cls}": v for k, v in endpoint(run["eval"], cls).items()})
         row.update(train_summary(run["train"]))
-        row["seconds"] = run["done"]["seconds"]
-        row["replay_shortfall"] = run["done"].get("replay_shortfall")
-        if row["replay_shortfall"] is not None:  # share of the replayed Clip_B count that found A < 0 tokens
-            masked = sum(int(r["masked_n_strategy"]) + int(r["masked_n_exec"]) for r in run["train"])
-            row["replay_matched_share"] = masked / max(masked + row["replay_shortfall"], 1)
+        row.update(run_record(run))
         table[f"{arm}__s{seed}"] = row
     return table
-
-
-def judge(x: list[float], y: list[float]) -> dict[str, Any]:
-    """One pre-registered comparison of paired values (treated ``x``, control ``y``, one per unit): the mean
-    difference, its 95 % paired t interval, the exact sign-flip p-value, the units above 0, and the verdict."""
-    diffs = [a - b for a, b in zip(x, y, strict=True)]
-    interval = paired_t_interval(x, y)
-    p = sign_flip_test(diffs)
-    return {
-        "mean": interval.estimate,
-        "low": interval.low,
-        "high": interval.high,
-        "p_sign_flip": p,
-        "positive": sum(d > 0 for d in diffs),
-        "diffs": diffs,
-        "verdict": verdict(interval.low, interval.high, interval.estimate, p),
-    }
 
 
 def compare(table: dict[str, dict[str, Any]], treated: str, control: str, seeds: list[int]) -> dict[str, Any]:
@@ -167,19 +120,14 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> 
     arms = sorted({r["arm"] for r in table.values()}, key=lambda a: list(LABELS).index(a))
     means = {}
     for arm in arms:
-        rows = [r for r in table.values() if r["arm"] == arm]
-        keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
-        means[arm] = {"n": len(rows), **{k: fmean(r[k] for r in rows) for k in keys}}
+        means[arm] = mean_row([r for r in table.values() if r["arm"] == arm])
     base = endpoint([r for r in next(iter(runs.values()))["eval"] if r["step"] == "0"]) if runs else {}
     curves = {f"{a}__s{s}": curve(r["eval"]) for (a, s), r in sorted(runs.items())}
-    done = [r["done"] for r in runs.values()]
     summary = {
         "experiment": experiment,
         "planned_runs": design.planned_runs,
         "directory": design.directory,
-        "code_revision": done[0]["code_revision"] if done else None,
-        "torch": sorted({d["torch"] for d in done}),
-        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        **provenance(runs),
         "base_model": base,
         "arm_means": means,
         "comparisons": comparisons,
@@ -198,17 +146,3 @@ def analyze(exp: Path, update_readme: bool = False, experiment: str = "sod") -> 
         print(f"[forking_sod] {README.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}", flush=True)
     print(block, flush=True)
     return summary
-
-
-def replace_block(path: Path, marker: str, block: str) -> bool:
-    """Replace the text between ``<!-- marker:begin -->`` and ``<!-- marker:end -->``; True if it changed."""
-    text = path.read_text()
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    if begin not in text or end not in text:
-        raise ValueError(f"{path} has no {begin} ... {end} markers")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"
-    if new != text:
-        path.write_text(new)
-    return new != text

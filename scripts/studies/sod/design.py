@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scripts.studies.analysis import DELTA  # the effect-size floor of the pre-registered rules
+
 __all__ = ["DELTA", "EXPERIMENTS", "LABELS", "Experiment"]
 
-#: Effect-size floor of the pre-registered verdict rule (pass@64 / avg@64 points, as fractions).
-DELTA = 0.02
 #: Arm -> label in tables and the README blocks, in table order.
 LABELS = {
     "grpo": "GRPO",

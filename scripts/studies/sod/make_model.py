@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from scripts.assets.sft import build_model, make_batch, sample, save, supervise, write_report
+from scripts.assets.sft import add_sft_arguments, build_model, make_batch, sample, save, supervise, write_report
 from scripts.studies.tasks.forking import write_splits
 from scripts.studies.tasks.sum_or_difference import (
     SOD_ALPHABET,
@@ -42,10 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="SFT seed: initialisation, SFT examples and their order")
     p.add_argument("--model-only", action="store_true", help="write <out> as the model directory, no data splits")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=4000)
-    p.add_argument("--eval-every", type=int, default=50)
+    add_sft_arguments(p, max_steps=4000, eval_every=50)
     p.add_argument("--target", type=float, default=0.86, help="stop at this sampled self-consistency")
     return p.parse_args(argv)
 

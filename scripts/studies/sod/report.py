@@ -7,60 +7,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from scripts.studies.sod.design import DELTA, LABELS
+from scripts.studies.report import PAPER, RULE, judged_cells, markdown_table, plot_runs, save_figure, verdict_text
+from scripts.studies.report import number as _f
+from scripts.studies.sod.design import LABELS
 from scripts.studies.tasks.sum_or_difference import always_sum_share, make_sod_examples
-
-PAPER = (
-    "paper (arXiv 2602.03392, Qwen2.5-7B, AIME24, one run per method): GRPO -> Clip_B Pass@32 50.00 -> 56.67 "
-    "(+6.67 points), Avg@32 16.88 -> 19.69 (+2.81 points); no seeds, no interval"
-)
-RULE = (
-    f"better/worse: 95 % paired t interval excludes 0, |mean| >= {DELTA} and exact sign-flip p < 0.05; none: "
-    f"interval inside +-{DELTA} (or excludes 0 with |mean| < {DELTA}); otherwise inconclusive"
-)
-
-
-def _f(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}"
 
 
 def arm_table(summary: dict[str, Any]) -> str:
-    lines = [
+    header = (
         "| arm | seeds | pass@64 | avg@64 | pass@64 diff prompts | P(R) on diff prompts | entropy strategy / exec "
-        "(last quarter, nats) | masked tokens per step strategy / exec |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+        "(last quarter, nats) | masked tokens per step strategy / exec |"
+    )
     base = summary["base_model"]
-    if base:
-        lines.append(f"| base model (step 0) | - | {_f(base['pass@64'])} | {_f(base['avg@64'])} | | | | |")
+    rows = [f"| base model (step 0) | - | {_f(base['pass@64'])} | {_f(base['avg@64'])} | | | | |"] if base else []
     diff = [r for r in make_sod_examples("test") if r["class"] == "diff"]
     floor_diff = sum("|" in r["answer"] for r in diff) / len(diff)  # b = 0: the sum is right too
-    lines.append(
+    rows.append(
         f"| always L, arithmetic right (floor) | - | {always_sum_share('test'):.3f} | | {floor_diff:.3f} | 0 | | |"
     )
-    for arm, m in summary["arm_means"].items():
-        lines.append(
-            f"| {LABELS[arm]} | {m['n']} | {_f(m['pass@64'])} | {_f(m['avg@64'])} | {_f(m['pass@64_diff'])} | "
-            f"{_f(m['p_R_diff'])} | {m['entropy_strategy_last_quarter']:.3f} / {m['entropy_exec_last_quarter']:.3f} | "
-            f"{m['masked_per_step_strategy']:.1f} / {m['masked_per_step_exec']:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows += [
+        f"| {LABELS[arm]} | {m['n']} | {_f(m['pass@64'])} | {_f(m['avg@64'])} | {_f(m['pass@64_diff'])} | "
+        f"{_f(m['p_R_diff'])} | {m['entropy_strategy_last_quarter']:.3f} / {m['entropy_exec_last_quarter']:.3f} | "
+        f"{m['masked_per_step_strategy']:.1f} / {m['masked_per_step_exec']:.1f} |"
+        for arm, m in summary["arm_means"].items()
+    ]
+    return markdown_table(header, rows)
 
 
 def comparison_table(summary: dict[str, Any]) -> str:
-    lines = [
-        "| comparison | metric | n seeds | mean difference | 95 % t interval | sign-flip p | seeds > 0 | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for c in summary["comparisons"]:
-        for metric in ("pass@64", "avg@64"):
-            r = c[metric]
-            lines.append(
-                f"| {LABELS[c['treated']]} - {LABELS[c['control']]} | {metric} | {len(c['seeds'])} | {_f(r['mean'])} | "
-                f"[{_f(r['low'])}, {_f(r['high'])}] | {r['p_sign_flip']:.3f} | {r['positive']}/{len(c['seeds'])} | "
-                f"**{r['verdict']}** |"
-            )
-    return "\n".join(lines) + "\n"
+    header = "| comparison | metric | n seeds | mean difference | 95 % t interval | sign-flip p | seeds > 0 | verdict |"
+    rows = (
+        f"| {LABELS[c['treated']]} - {LABELS[c['control']]} | {metric} | {len(c['seeds'])} | "
+        + judged_cells(c[metric], len(c["seeds"]))
+        for c in summary["comparisons"]
+        for metric in ("pass@64", "avg@64")
+    )
+    return markdown_table(header, rows)
 
 
 def per_seed_lines(summary: dict[str, Any]) -> str:
@@ -87,11 +69,7 @@ def readme_block(summary: dict[str, Any]) -> str:
     if not summary["per_run"]:
         return "(no runs analysed yet)\n"
     verdicts = [
-        f"- **{LABELS[c['treated']]} vs {LABELS[c['control']]}** (n = {len(c['seeds'])}): pass@64 "
-        f"**{c['pass@64']['verdict']}** ({_f(c['pass@64']['mean'])}, [{_f(c['pass@64']['low'])}, "
-        f"{_f(c['pass@64']['high'])}], p = {c['pass@64']['p_sign_flip']:.3f}); avg@64 **{c['avg@64']['verdict']}** "
-        f"({_f(c['avg@64']['mean'])}, [{_f(c['avg@64']['low'])}, {_f(c['avg@64']['high'])}], "
-        f"p = {c['avg@64']['p_sign_flip']:.3f})"
+        f"- **{LABELS[c['treated']]} vs {LABELS[c['control']]}** (n = {len(c['seeds'])}): {verdict_text(c)}"
         for c in summary["comparisons"]
     ]
     n_runs = len(summary["per_run"])
@@ -134,16 +112,9 @@ def plot(summary: dict[str, Any], path: Any) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, arm in enumerate(summary["arm_means"]):
         curves = [c for name, c in summary["pass64_curves"].items() if name.rsplit("__s", 1)[0] == arm]
-        steps = sorted({int(s) for c in curves for s in c}, key=int)
-        for c in curves:
-            ax.plot([int(s) for s in c], list(c.values()), color=f"C{i}", lw=0.5, alpha=0.5)
-        full = [s for s in steps if all(str(s) in c or s in c for c in curves)]
-        mean = [sum(c.get(s, c.get(str(s), 0.0)) for c in curves) / len(curves) for s in full]
-        ax.plot(full, mean, color=f"C{i}", lw=2, label=f"{LABELS[arm]} (n={len(curves)})")
+        plot_runs(ax, curves, f"C{i}", LABELS[arm])
     ax.axhline(always_sum_share("test"), color="grey", ls="--", lw=1, label="always L (floor)")
     ax.set_xlabel("RL step")
     ax.set_ylabel("test pass@64 (exact)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -36,7 +36,7 @@ import torch
 
 from scripts.studies import runner
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
-from scripts.studies.results import is_finished, run_rows
+from scripts.studies.results import run_rows
 from scripts.studies.runs import fit_and_record
 from scripts.studies.sod.design import EXPERIMENTS, Experiment
 
@@ -252,38 +252,15 @@ def planned(
     return [(b, a, s) for s in seeds for b in chosen for a in order]
 
 
-def _done(exp: Path, key: Key) -> bool:
-    base, arm, seed = key
-    return is_finished(exp, run_name(arm, seed, base))
-
-
-def _ready(exp: Path, key: Key) -> bool:
-    """A replay run needs its Clip_B run (same base and seed) finished."""
-    base, arm, seed = key
-    return not arm.startswith("replay") or _done(exp, (base, "clip_b", seed))
-
-
 def study(args: argparse.Namespace) -> runner.Study:
     """The runner's view of ``args.experiment``'s runs (a key is ``(base, arm, seed)``)."""
     design = EXPERIMENTS[args.experiment]
-
-    def command(key: Key) -> list[str]:
-        base, arm, seed = key
-        return [
-            "scripts.studies.sod",
-            *("--run", "--experiment", args.experiment, "--exp", str(args.exp), "--arms", arm, "--seeds", str(seed)),
-            *("--steps", str(args.steps), "--eval-every", str(args.eval_every)),
-            *(["--bases", base] if base is not None else []),
-        ]
-
-    return runner.Study(
-        tag="forking_sod",
-        exp=args.exp,
+    return runner.arm_study(
+        "forking_sod",
+        "scripts.studies.sod",
+        args,
         name=lambda key: run_name(key[1], key[2], key[0]),
-        done=lambda key: _done(args.exp, key),
-        ready=lambda key: _ready(args.exp, key),
         train=lambda key: train_one(key[1], key[2], args.steps, args.eval_every, args.exp, design, key[0]),
-        command=command,
     )
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from scripts.studies.results import collect
+from scripts.studies.analysis import load_runs, mean_row, provenance, replace_block
+from scripts.studies.report import PAPER, markdown_table, per_base_rows, save_figure
 from scripts.studies.results import load_runs as load_table
-from scripts.studies.sod.analysis import README, ROOT, curve, endpoint, replace_block, train_summary
+from scripts.studies.sod.analysis import README, ROOT, curve, endpoint, train_summary
 from scripts.studies.sod.design import DELTA, LABELS, Experiment
 from scripts.studies.sod.multiplicity import corrected_verdict, family_level, holm, sign_flip_p
 from scripts.studies.statistics import paired_t_interval
@@ -35,19 +36,6 @@ C_RUNS = ROOT / "scripts" / "forking" / "experiments" / "sod"
 EARLY_STEPS = 50
 Key = tuple[str, str, int]  # (base, arm, seed)
 Unit = tuple[str, int]  # (base, seed)
-
-
-def load_unit_runs(exp: Path) -> dict[Key, dict[str, Any]]:
-    """``{(base, arm, seed): {"eval", "train", "done"}}`` of every finished run; refuses mixed code revisions."""
-    runs = {}
-    collect(exp)  # runs finished since (per_run/) join the table first
-    for name, run in load_table(exp).items():
-        base, arm, seed = name.split("__")
-        runs[(base, arm, int(seed.removeprefix("s")))] = run
-    revisions = sorted({r["done"]["code_revision"] for r in runs.values()})
-    if len(revisions) > 1:
-        raise ValueError(f"runs of one experiment must share a code revision, found {revisions}")
-    return runs
 
 
 def run_row(run: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +120,7 @@ def replication(table: dict[Key, dict[str, Any]], exp: Path, base: str) -> dict[
 
 
 def analyze_units(exp: Path, design: Experiment, experiment: str, update_readme: bool = False) -> dict[str, Any]:
-    runs = load_unit_runs(exp)
+    runs = load_runs(exp)
     table = {key: run_row(run) for key, run in runs.items()}
     bases, arms = tuple(design.bases), tuple(design.arms)
     units = complete_units(table, arms, bases)
@@ -155,16 +143,13 @@ def analyze_units(exp: Path, design: Experiment, experiment: str, update_readme:
         for arm in arms:
             rows = [r for (b, a, _), r in table.items() if (b, a) == (base, arm)]
             if rows:
-                keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
-                means[f"{base}__{arm}"] = {"base": base, "arm": arm, "n": len(rows)}
-                means[f"{base}__{arm}"].update({k: fmean(r[k] for r in rows) for k in keys})
+                means[f"{base}__{arm}"] = {"base": base, "arm": arm, **mean_row(rows)}
     step0 = {}
     for base in bases:
         first = next((r for (b, _, _), r in sorted(runs.items()) if b == base), None)
         if first is not None:
             rows = [r for r in first["eval"] if r["step"] == "0"]
             step0[base] = {**endpoint(rows), **{f"{k}_diff": v for k, v in endpoint(rows, "diff").items()}}
-    done = [r["done"] for r in runs.values()]
     summary = {
         "experiment": experiment,
         "directory": design.directory,
@@ -173,9 +158,7 @@ def analyze_units(exp: Path, design: Experiment, experiment: str, update_readme:
         "finished_runs": len(runs),
         "units": [f"{b} s{s}" for b, s in units],
         "units_per_base": {b: sum(u[0] == b for u in units) for b in bases},
-        "code_revision": done[0]["code_revision"] if done else None,
-        "torch": sorted({d["torch"] for d in done}),
-        "run_minutes_total": round(sum(d["seconds"] for d in done) / 60, 1),
+        **provenance(runs),
         "base_models": step0,
         "arm_means": means,
         "families": families,
@@ -218,45 +201,44 @@ def rule_text(design: Experiment) -> str:
 
 
 def family_table(summary: dict[str, Any]) -> str:
-    lines = [
+    header = (
         "| family | comparison | metric | n units | mean difference | 95 % t interval | family interval | "
-        "sign-flip p | Holm p | units > 0 | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for fam in summary["families"]:
-        for t in fam["tests"]:
-            lines.append(
-                f"| {fam['name']} | {_label(t)} | {t['metric']} | {fam['n']} | {_f(t['mean'])} | "
-                f"[{_f(t['low95'])}, {_f(t['high95'])}] | [{_f(t['low'])}, {_f(t['high'])}] ({t['level']:.2%}) | "
-                f"{t['p_sign_flip']:.4f} | {t['p_holm']:.4f} | {t['positive']}/{fam['n']} | **{t['verdict']}** |"
-            )
-    return "\n".join(lines) + "\n"
+        "sign-flip p | Holm p | units > 0 | verdict |"
+    )
+    rows = (
+        f"| {fam['name']} | {_label(t)} | {t['metric']} | {fam['n']} | {_f(t['mean'])} | "
+        f"[{_f(t['low95'])}, {_f(t['high95'])}] | [{_f(t['low'])}, {_f(t['high'])}] ({t['level']:.2%}) | "
+        f"{t['p_sign_flip']:.4f} | {t['p_holm']:.4f} | {t['positive']}/{fam['n']} | **{t['verdict']}** |"
+        for fam in summary["families"]
+        for t in fam["tests"]
+    )
+    return markdown_table(header, rows)
 
 
 def arm_table(summary: dict[str, Any]) -> str:
-    lines = [
+    header = (
         "| base | arm | seeds | pass@64 | avg@64 | pass@64 diff prompts | P(R) on diff prompts | entropy strategy / "
         f"exec (last quarter, nats) | masked strategy tokens per step (run / steps 1-{EARLY_STEPS}) | steps "
-        "masking a strategy token | masked exec tokens per step |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        f"| all | always L, arithmetic right (floor) | - | {always_sum_share('test'):.3f} | | | 0 | | | | |",
-    ]
-    for base, b0 in summary["base_models"].items():
-        lines.append(
+        "masking a strategy token | masked exec tokens per step |"
+    )
+    floor = f"| all | always L, arithmetic right (floor) | - | {always_sum_share('test'):.3f} | | | 0 | | | | |"
+
+    def base_rows(base: str, b0: dict[str, Any]) -> list[str]:
+        return [
             f"| {base} | base model (step 0) | - | {b0['pass@64']:.3f} | {b0['avg@64']:.3f} | "
             f"{b0['pass@64_diff']:.3f} | {b0['p_R_diff']:.3f} | | | | |"
+        ]
+
+    def arm_row(m: dict[str, Any]) -> str:
+        return (
+            f"| {m['base']} | {LABELS[m['arm']]} | {m['n']} | {m['pass@64']:.3f} | {m['avg@64']:.3f} | "
+            f"{m['pass@64_diff']:.3f} | {m['p_R_diff']:.3f} | {m['entropy_strategy_last_quarter']:.3f} / "
+            f"{m['entropy_exec_last_quarter']:.3f} | {m['masked_per_step_strategy']:.1f} / "
+            f"{m['masked_strategy_early']:.1f} | {m['steps_masking_strategy']:.0%} | {m['masked_per_step_exec']:.1f} |"
         )
-        for m in summary["arm_means"].values():
-            if m["base"] != base:
-                continue
-            lines.append(
-                f"| {base} | {LABELS[m['arm']]} | {m['n']} | {m['pass@64']:.3f} | {m['avg@64']:.3f} | "
-                f"{m['pass@64_diff']:.3f} | {m['p_R_diff']:.3f} | {m['entropy_strategy_last_quarter']:.3f} / "
-                f"{m['entropy_exec_last_quarter']:.3f} | {m['masked_per_step_strategy']:.1f} / "
-                f"{m['masked_strategy_early']:.1f} | {m['steps_masking_strategy']:.0%} | "
-                f"{m['masked_per_step_exec']:.1f} |"
-            )
-    return "\n".join(lines) + "\n"
+
+    rows = [floor, *per_base_rows(summary, base_rows, arm_row)]
+    return markdown_table(header, rows)
 
 
 def _header(summary: dict[str, Any]) -> str:
@@ -302,8 +284,6 @@ def docs_block(summary: dict[str, Any], design: Experiment) -> str:
     """The short block of docs/study.md: status, rule, pooled verdicts, arm table."""
     if not summary["per_run"]:
         return "(no runs analysed yet)\n"
-    from scripts.studies.sod.report import PAPER
-
     return (
         _header(summary)
         + f"{_status(summary, design)}\n\nRule: {rule_text(design)}.\n\n"
@@ -330,8 +310,6 @@ def readme_block(summary: dict[str, Any], design: Experiment) -> str:
             f"- replication: {len(rep['identical'])} of {len(rep['checked'])} {rep['base']} runs of C's arms have an "
             "`eval.csv` byte-identical to C's run of the same seed (252820b)"
         )
-    from scripts.studies.sod.report import PAPER
-
     diffs = []
     for fam in summary["families"]:
         if fam["name"] == "pooled" and fam["metric"] == "pass@64":
@@ -372,6 +350,4 @@ def plot_units(summary: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("RL step")
     axes[0][0].set_ylabel("test pass@64 (exact, mean over seeds)")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -66,16 +66,12 @@ class MultiTurnRollout:
 
     @classmethod
     def of(cls, settings: Any, async_rollout: Any = None) -> MultiTurnRollout | None:
-        """The rollout of ``settings.multi_turn`` (None when unset); refuses settings it cannot serve (dynamic
-        sampling). Under ``model.async_rollout`` the rollout worker runs :meth:`generate` on its own copy of the
-        policy (the Hugging Face engine; the asynchronous pipeline refuses the vLLM engine's process)."""
+        """The rollout of ``settings.multi_turn`` (None when unset). Under ``model.async_rollout`` the rollout worker
+        runs :meth:`generate` on its own copy of the policy (the Hugging Face engine; the asynchronous pipeline
+        refuses the vLLM engine's process); under ``model.sampling.filter_groups`` the fill keeps whole trajectories
+        (their environment masks and records) across generation batches."""
         if settings.multi_turn is None:
             return None
-        if settings.sampling.filter_groups:
-            raise ValueError(
-                "model.sampling.filter_groups=True with model.multi_turn: dynamic sampling does not keep trajectories "
-                "across generation batches yet; set model.sampling.filter_groups: false"
-            )
         return cls(settings.multi_turn)
 
     def bind(self, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
@@ -108,7 +104,7 @@ class MultiTurnRollout:
             if width == 0:  # no live row (on any rank, in lockstep)
                 break
             last = turn == self.config.max_turns - 1
-            turn_sampling = dataclasses.replace(sampling, num_samples=1, max_new_tokens=width)
+            turn_sampling = _turn_sampling(sampling, width)
             contexts = [t.prompt + t.ids for t in live] or [rows[0].prompt]  # idle in lockstep: a throw-away row
             out = engine.generate(policy, *_left_pad(contexts, self.pad_id, device), turn_sampling)
             for i, (row, left) in enumerate(zip(live, room, strict=True)):
@@ -223,6 +219,13 @@ class MultiTurnRollout:
             environment_mask=real & ~policy,
             trajectories=records,
         )
+
+
+def _turn_sampling(sampling: SamplingConfig, max_new_tokens: int) -> SamplingConfig:
+    """One turn per live trajectory: the engine's sampling settings (a plain :class:`SamplingConfig`, without the
+    training-only keys such as ``filter_groups`` that check a group size) with one sample and the turn's budget."""
+    fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(SamplingConfig)}
+    return SamplingConfig(**{**fields, "num_samples": 1, "max_new_tokens": max_new_tokens})
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:

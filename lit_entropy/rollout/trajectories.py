@@ -11,6 +11,9 @@ from torch import Tensor
 
 __all__ = ["STOP_REASONS", "Trajectories"]
 
+#: The ``[N]`` tensor fields of :class:`Trajectories`.
+_TENSORS = ("turns", "tool_calls", "tool_errors", "stop_reasons", "environment_rewards")
+
 STOP_REASONS: tuple[str, ...] = ("eos", "max_turns", "length", "done")
 """Why a trajectory ended: the policy answered without a tool call (``eos``), ``model.multi_turn.max_turns`` was
 reached, the token budget ran out (``length``: truncated, never scored as finished under ``mask_truncated``), the
@@ -56,10 +59,7 @@ class Trajectories:
     @classmethod
     def cat(cls, parts: Sequence[Trajectories]) -> Trajectories:
         """The rows of ``parts`` in order."""
-        tensors = {
-            name: torch.cat([getattr(p, name) for p in parts])
-            for name in ("turns", "tool_calls", "tool_errors", "stop_reasons", "environment_rewards")
-        }
+        tensors = {name: torch.cat([getattr(p, name) for p in parts]) for name in _TENSORS}
         conversations = [c for p in parts for c in p.conversations]
         placed = None
         if all(p.turn_rewards is not None for p in parts):
@@ -83,6 +83,21 @@ class Trajectories:
             for column, reward in placed:
                 out[row, column] += reward
         return out.to(device)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (``torch.load(weights_only=True)`` reads it): the tensors on the CPU, the
+        conversations and per-turn rewards; not the environment instances (user objects, used only when scoring)."""
+        state: dict[str, Any] = {name: getattr(self, name).cpu() for name in _TENSORS}
+        state.update(conversations=self.conversations, turn_rewards=self.turn_rewards)
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Trajectories:
+        """The records :meth:`state_dict` described (``environments`` all None)."""
+        tensors = {name: state[name] for name in _TENSORS}
+        conversations = state["conversations"]
+        return cls(**tensors, conversations=conversations, environments=[None] * len(conversations),
+                   turn_rewards=state["turn_rewards"])  # fmt: skip
 
     def stopped(self, reason: str) -> Tensor:
         """``[N]`` bool: the rows that ended for ``reason``."""

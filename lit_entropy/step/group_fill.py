@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lit_entropy.distributed.collectives import all_gather_equal, all_gather_objects, is_distributed
 from lit_entropy.rollout.base import RolloutBatch
+from lit_entropy.rollout.trajectories import Trajectories
 from lit_entropy.settings import RFTSettings
 from lit_entropy.step.estimator_inputs import PER_PROMPT_KEYS
 from lit_entropy.step.schedule import schedule_horizon
@@ -39,7 +40,7 @@ __all__ = [
     "left_pad_cat",
 ]
 
-_ROLLOUT_KEYS = ("sequences", "attention_mask", "response_mask", "rollout_logprobs")
+_ROLLOUT_KEYS = ("sequences", "attention_mask", "response_mask", "rollout_logprobs", "environment_mask", "trajectories")
 # Batch lists with one item per prompt, kept or dropped with its group (the estimator's inputs too: remax's greedy
 # baseline, the reward's named components).
 _PROMPT_KEYS = ("prompts", "answers", "classes", *PER_PROMPT_KEYS)
@@ -78,11 +79,16 @@ def cat_rollouts(rollouts: Sequence[RolloutBatch], pad_token_id: int) -> Rollout
     sequences = torch.cat([left_pad_cat(prompts, pad_token_id), responses], 1)
     attention = torch.cat([left_pad_cat(prompt_masks, 0), _right_pad_cat(response_masks, 0)], 1)
     logprobs = [r.rollout_logprobs for r in rollouts]
+    environment = [r.environment_mask for r in rollouts]
+    records = [r.trajectories for r in rollouts]
     return RolloutBatch(
         sequences=sequences,
         attention_mask=attention,
         response_mask=_right_pad_cat([r.response_mask for r in rollouts], False),
         rollout_logprobs=None if any(p is None for p in logprobs) else _right_pad_cat(logprobs, 0.0),  # type: ignore[arg-type]
+        # multi-turn rows: responses are right-padded, so their columns (and per-turn reward columns) stay
+        environment_mask=None if any(e is None for e in environment) else _right_pad_cat(environment, False),  # type: ignore[arg-type]
+        trajectories=None if any(t is None for t in records) else Trajectories.cat(records),  # type: ignore[arg-type]
     )
 
 
@@ -159,7 +165,9 @@ class GroupFill:
         if device is not None:
             pieces = [{k: v.to(device) if isinstance(v, Tensor) else v for k, v in p.items()} for p in pieces]
         rollout = cat_rollouts(
-            [RolloutBatch(**{key: piece[key] for key in _ROLLOUT_KEYS}) for piece in pieces], pad_token_id
+            # .get: a fill checkpointed before multi-turn rows were kept has no environment_mask / trajectories
+            [RolloutBatch(**{key: piece.get(key) for key in _ROLLOUT_KEYS}) for piece in pieces],  # type: ignore[arg-type]
+            pad_token_id,
         )
         batch: dict[str, Any] = {
             "input_ids": left_pad_cat([p["input_ids"] for p in pieces], pad_token_id),
@@ -172,20 +180,42 @@ class GroupFill:
         return FilledBatch(batch, rollout, rewards, [c for p in pieces for c in p["completions"]])
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data for a checkpoint (tensors on the CPU)."""
-        pieces = [{k: v.cpu() if isinstance(v, Tensor) else v for k, v in p.items()} for p in self.pieces]
+        """Plain data for a checkpoint (tensors on the CPU; multi-turn records as :meth:`Trajectories.state_dict`)."""
+        pieces = [{k: _plain(v) for k, v in p.items()} for p in self.pieces]
         return {"pieces": pieces, "gen_batches": self.gen_batches, "groups_drawn": self.groups_drawn}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> GroupFill:
         """The fill :meth:`state_dict` described."""
-        return cls(tuple(dict(p) for p in state["pieces"]), int(state["gen_batches"]), int(state["groups_drawn"]))
+        pieces = []
+        for piece in state["pieces"]:
+            piece = dict(piece)
+            if isinstance(piece.get("trajectories"), dict):
+                piece["trajectories"] = Trajectories.from_state_dict(piece["trajectories"])
+            pieces.append(piece)
+        return cls(tuple(pieces), int(state["gen_batches"]), int(state["groups_drawn"]))
+
+
+def _plain(value: Any) -> Any:
+    """A piece's value as checkpoint data."""
+    if isinstance(value, Tensor):
+        return value.cpu()
+    return value.state_dict() if isinstance(value, Trajectories) else value
 
 
 def _head(piece: dict[str, Any], groups: int, rows: int) -> dict[str, Any]:
     """The first ``groups`` groups (``rows`` rows) of a piece."""
     per_group = {"input_ids", "prompt_attention_mask", *_PROMPT_KEYS}
-    return {k: v[:groups] if k in per_group else (None if v is None else v[:rows]) for k, v in piece.items()}
+    return {
+        k: v[:groups]
+        if k in per_group
+        else (v.select(slice(0, rows)) if isinstance(v, Trajectories) else _rows(v, rows))
+        for k, v in piece.items()
+    }
+
+
+def _rows(value: Any, rows: int) -> Any:
+    return None if value is None else value[:rows]
 
 
 @dataclass(frozen=True)

@@ -56,12 +56,6 @@ def test_bad_settings_fail_at_construction_naming_the_setting(settings, message)
         RFTModule(multi_turn=MultiTurnConfig(**{"environment": "tests.agents._agents:Calculator", **settings}))
 
 
-def test_dynamic_sampling_is_refused_with_multi_turn():
-    sampling = {"filter_groups": True}
-    with pytest.raises(ValueError, match="filter_groups"):
-        RFTModule(sampling=sampling, multi_turn=MultiTurnConfig(environment="tests.agents._agents:Guess"))
-
-
 def test_a_template_that_rewrites_turns_is_refused_at_setup(chat_model_dir):
     module = RFTModule(
         policy=PolicyConfig(chat_model_dir),

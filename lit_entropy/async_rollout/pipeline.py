@@ -56,13 +56,17 @@ class RolloutHost(Protocol):
     policy: nn.Module | None
     rollout_engine: RolloutEngine
     settings: RFTSettings
-    device: torch.device
-    global_step: int
     multi_turn: Any  # model.multi_turn's MultiTurnRollout, or None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def global_step(self) -> int: ...
 
     def generate(self, batch: Batch, sampling: Any) -> RolloutBatch: ...
 
-    def log(self, name: str, value: Any, **options: Any) -> None: ...
+    def log(self, name: str, value: Tensor, *, on_step: bool, batch_size: int) -> None: ...
 
 
 class RolloutSource(Protocol):

@@ -17,6 +17,7 @@ from lit_entropy.step.loss import (
     UpdateLoss,
     UpdateTerms,
     global_loss_normalizer,
+    resolved_agg_mode,
     rows_update_loss,
     update_loss,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "clip_grad_norm_and_agree",
     "global_loss_normalizer",
     "lr_multiplier",
+    "resolved_agg_mode",
     "response_forward",
     "response_logits",
     "row_slices",

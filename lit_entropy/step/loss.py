@@ -12,7 +12,7 @@ from lit_entropy.distributed.collectives import all_reduce_sum, unshard_root, wo
 from lit_entropy.functional.losses import PolicyLossStats, aggregate_loss, kl_penalty, loss_normalizer_count, value_loss
 from lit_entropy.functional.registry import POLICY_LOSSES
 from lit_entropy.rollout.base import RolloutBatch
-from lit_entropy.settings import RFTSettings
+from lit_entropy.settings import LossConfig, RFTSettings
 from lit_entropy.step.experience import Experience
 from lit_entropy.step.forward import ResponseForward, blockwise_response_loss, response_forward, uses_blockwise_head
 
@@ -23,6 +23,7 @@ __all__ = [
     "UpdateTerms",
     "global_loss_normalizer",
     "policy_loss_extras",
+    "resolved_agg_mode",
     "rows_update_loss",
     "update_loss",
 ]
@@ -89,6 +90,13 @@ class UpdateTerms:
         return {key: value / max(steps if key in SHARE_TERMS else self.tokens, 1) for key, value in self.sums.items()}
 
 
+def resolved_agg_mode(loss: LossConfig) -> str:
+    """``model.loss.loss_agg_mode`` as :class:`~lit_entropy.settings.LossConfig` resolved it at construction (the
+    policy loss's paper's mode when null)."""
+    assert loss.loss_agg_mode is not None, "LossConfig.__post_init__ fills in the policy loss's default mode"
+    return loss.loss_agg_mode
+
+
 def global_loss_normalizer(mask: Tensor, loss_agg_mode: str) -> float:
     """This rank's share of the global loss denominator of one optimizer step (every rank must call it).
 
@@ -147,10 +155,8 @@ def _update_loss(
     """:func:`update_loss` of the current ``logprobs`` and ``entropy`` ``[n, T]`` of the sampled tokens (all a loss
     reads of the forward: the blockwise pass forms the loss from these two alone)."""
     config, ppo = settings.loss, settings.ppo
-    mask, mode = rows.loss_mask, config.loss_agg_mode
-    assert mode is not None, "LossConfig fills in the policy loss's default mode"
-    scale = config.loss_scale_factor or settings.sampling.max_new_tokens
-    agg = LossAggregation(loss_agg_mode=mode, normalizer=normalizer, loss_scale_factor=scale)
+    mask, scale = rows.loss_mask, config.loss_scale_factor or settings.sampling.max_new_tokens
+    agg = LossAggregation(loss_agg_mode=resolved_agg_mode(config), normalizer=normalizer, loss_scale_factor=scale)
     loss, pg = POLICY_LOSSES[config.policy_loss](
         logprobs,
         rows.old_logprobs,

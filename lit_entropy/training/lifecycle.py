@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from lit_entropy.agents import MultiTurnRollout
 from lit_entropy.async_rollout.pipeline import RolloutSource
@@ -68,6 +70,29 @@ class ModelLifecycle(LightningModule):
             shard_models(self, self.device_mesh, dtype)
             # FSDP2 loads model states strictly; the frozen reference and a LoRA policy's base are not in checkpoints.
             self.strict_loading = self.ref_model is None and self.settings.policy.lora is None
+
+    def loaded_policy(self) -> nn.Module:
+        """The policy; a RuntimeError before :meth:`configure_model` has loaded it."""
+        if self.policy is None:
+            raise RuntimeError(f"{type(self).__name__}: the policy is not loaded yet (configure_model has not run)")
+        return self.policy
+
+    def loaded_value_head(self) -> nn.Module:
+        """The PPO value head; a RuntimeError when there is none (``model.algorithm: ppo`` loads it)."""
+        if self.value_head is None:
+            raise RuntimeError(f"{type(self).__name__}: no value head is loaded (model.algorithm: ppo loads one)")
+        return self.value_head
+
+    def optimizer_and_scheduler(self) -> tuple[LightningOptimizer, LRScheduler]:
+        """The one optimizer and LR schedule that ``configure_optimizers`` returns, which the manual optimization of
+        the update steps; a RuntimeError naming what it returned otherwise."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        if not isinstance(optimizer, LightningOptimizer) or not isinstance(scheduler, LRScheduler):
+            raise RuntimeError(
+                f"{type(self).__name__} steps one optimizer and one LR scheduler; configure_optimizers gave "
+                f"{type(optimizer).__name__} and {type(scheduler).__name__}"
+            )
+        return optimizer, scheduler
 
     def setup(self, stage: str) -> None:
         """Load the tokenizer, check that the longest prompt plus the longest completion fit the model's context, and

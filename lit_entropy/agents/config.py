@@ -68,9 +68,12 @@ class MultiTurnConfig:
                 raise ValueError(
                     f"{prefix}environment must be 'pkg.module:Class' or {{class_path, init_args}}, got {env!r}"
                 )
-            unknown = sorted(set(env) - {"class_path", "init_args"})
-            if unknown or not isinstance(env.get("init_args", {}), Mapping):
-                raise ValueError(f"{prefix}environment: only class_path and a dict init_args are allowed, got {env!r}")
+            if not isinstance(env.get("init_args") or {}, Mapping):
+                raise ValueError(f"{prefix}environment: init_args must be a dict, got {env!r}")
+            extra = {k: v for k, v in env.items() if k not in ("class_path", "init_args")}
+            if extra:  # `--...environment.init_args.k=v` reaches a dict setting as `k` beside class_path
+                init_args = {**(env.get("init_args") or {}), **extra}
+                object.__setattr__(self, "environment", {"class_path": env["class_path"], "init_args": init_args})
         if self.tools is not None and (
             isinstance(self.tools, str) or not all(isinstance(t, str) and t for t in self.tools)
         ):

@@ -41,6 +41,18 @@ def test_the_cli_reads_model_multi_turn_in_both_environment_forms(tmp_path, monk
     assert cli.model.multi_turn.environments.text
 
 
+def test_an_environment_argument_overridden_on_the_command_line_reaches_init_args(tmp_path, monkeypatch):
+    """jsonargparse hands ``--model.multi_turn.environment.init_args.max_turns=4`` to the dict setting as a key beside
+    ``class_path``: it is an init argument, over the config's."""
+    monkeypatch.chdir(tmp_path)
+    env = {"class_path": "lit_entropy.environments.guessing_game.GuessingGame", "init_args": {"max_turns": 6}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"multi_turn": {"environment": env}}}))
+    args = ["--config", "c.yaml", "--model.multi_turn.environment.init_args.max_turns=4", "--trainer.accelerator=cpu"]
+    cli = cli_main(args, run=False)
+    assert cli.model.settings.multi_turn.environment["init_args"] == {"max_turns": 4}
+    assert cli.model.multi_turn.environments.session().environment.max_turns == 4
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -76,6 +76,8 @@ class RolloutSource(Protocol):
 
     def after_update(self, host: RolloutHost) -> None: ...
 
+    def on_train_end(self, trainer: Any) -> None: ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None: ...
@@ -95,6 +97,9 @@ class SynchronousRollouts:
     def after_update(self, host: RolloutHost) -> None:
         """Push the updated weights to the engine (a no-op for Hugging Face ``generate`` on the policy)."""
         host.rollout_engine.sync_weights(_policy(host), host.global_step)
+
+    def on_train_end(self, trainer: Any) -> None:
+        pass
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -219,7 +224,8 @@ class AsyncRollouts:
         generator = None
         if self.config.depth:
             generator = torch.Generator(device=host.device).manual_seed(torch.initial_seed() + 1 + self.version)
-        threads = self.config.worker_threads
+        # worker_threads is the engine process's count there (ProcessRolloutEngine): the trainer's stays its own.
+        threads = None if first is not None else self.config.worker_threads
         self.worker = RolloutWorker(generate, load, version=self.version, threads=threads, generator=generator)
         if first is not None:
             self.worker.push(first, self.version)
@@ -296,6 +302,29 @@ class AsyncRollouts:
         for name, value in self.stats.items():
             host.log(f"train/async/{name}", torch.tensor(value), on_step=True, batch_size=1)
         self.commit()
+
+    def on_train_end(self, trainer: Any) -> None:
+        """Warn when the run ran out of epochs (``trainer.max_epochs``, or the end of an iterable loader) with batches
+        still in flight: they were sent to the worker and never trained on. A run that stops at ``max_steps`` got
+        the updates it asked for; either way a checkpoint written at the end holds them and a run resumed from it
+        trains them first."""
+        if not self.pending or trainer is None or (0 <= trainer.max_steps <= trainer.global_step):
+            return
+        epochs = trainer.max_epochs
+        batches, prompts = len(self.pending), sum(len(p.batch["input_ids"]) for p in self.pending)
+        per_epoch = trainer.num_training_batches
+        recipe = (
+            f"trainer.max_epochs={epochs + 1} with trainer.max_steps={epochs * per_epoch} trains every prompt of "
+            f"{epochs} epoch(s) ({per_epoch} batches each)"
+            if isinstance(epochs, int) and epochs > 0 and isinstance(per_epoch, int)
+            else "a trainer.max_steps limit stops after as many updates as it names"
+        )
+        rank_zero_warn(
+            f"lit_entropy: the run ran out of data (trainer.max_epochs={epochs}) with {batches} batch(es) "
+            f"({prompts} prompts per rank) sent to the rollout worker and not trained on "
+            f"(model.async_rollout keeps {self.config.depth} in flight); a checkpoint written at the end holds them and "
+            f"a run resumed from it trains them first. {recipe}"
+        )
 
     def commit(self) -> None:
         """The state a checkpoint holds from now on (a checkpoint from inside the next step describes its start)."""

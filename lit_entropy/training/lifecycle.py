@@ -136,6 +136,7 @@ class ModelLifecycle(LightningModule):
         return missing_callbacks(attached_trainer(self), self._own_callbacks)
 
     def on_train_end(self) -> None:
+        self.rollouts.on_train_end(attached_trainer(self))  # model.async_rollout: a run that ran out of epochs
         if self.settings.logging.export_on_train_end and exports_at_train_end(self.settings.logging, self.trainer):
             self.export_pretrained()
 

@@ -3,7 +3,9 @@
 
 The model is ``scripts.bench.step``'s realistic shape (a random Qwen2 with Qwen2.5's 151,936-token vocabulary,
 hidden 256, 2 layers, head_dim 64, tied head; ``--vocab-size`` / ``--hidden-size`` / ``--num-layers`` change it),
-rewards the hashed coin (varied groups, so every step updates), the HF engine (``model.rollout: null``).
+rewards the hashed coin (varied groups, so every step updates), the HF engine (``model.rollout: null``) or with
+``--engine vllm`` the vLLM engine, which ``model.async_rollout`` runs in a process of its own (float32, a fixed
+``--kv-cache-mib`` KV cache; staleness 0 then waits for the engine process, which has all threads too).
 Staleness 0 is the synchronous loop (bit for bit) with every thread on each phase in turn (``--threads``);
 staleness 1 and 2 split the threads, ``model.async_rollout.worker_threads`` = ``--threads`` / 2 (PyTorch's count is
 process-wide: the trainer's thread and the worker's each run regions of that many threads). Each round runs the
@@ -11,6 +13,7 @@ three settings in turn, ``--warmup`` measured-out updates then ``--steps`` timed
 time between the ends of two consecutive updates, its tokens the response tokens of the batch it trained.
 
     nice python -m scripts.bench.async_throughput --rounds 2 --warmup 2 --steps 4 --threads 2
+    nice python -m scripts.bench.async_throughput --engine vllm  # in the vLLM environment (.ci/run's venv)
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lit_entropy.async_rollout import AsyncRolloutConfig
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig
+from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
 from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
 from scripts.bench.step import build_realistic_model, hashed_coin_reward, model_shape
 
@@ -75,8 +78,14 @@ def measure(model_dir: Path, staleness: int, args: argparse.Namespace) -> dict[s
     torch.set_num_threads(threads)
     config = AsyncRolloutConfig(max_staleness=staleness, max_inflight=max(1, staleness), worker_threads=threads)
     seed_everything(0)
+    rollout = None
+    if args.engine == "vllm":
+        rollout = VLLMRolloutEngine(
+            max_model_len=1024, dtype="float32", extra_engine_kwargs={"kv_cache_memory_bytes": args.kv_cache_mib << 20}
+        )
     module = RFTModule(
         PolicyConfig(str(model_dir)),
+        rollout=rollout,
         sampling=SamplingConfig(num_samples=args.group_size, max_new_tokens=args.max_new_tokens),
         update=UpdateConfig(epochs=1),
         optim=OptimConfig(lr=1e-5),
@@ -113,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--vocab-size", type=int, default=151_936)
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the rollout engine")
+    parser.add_argument("--kv-cache-mib", type=int, default=256, help="--engine vllm: its KV cache (MiB)")
     parser.add_argument("--json", type=Path, default=None, help="write every round's figures as JSON")
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -135,16 +146,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 figures = f"{row['s_per_step']:.2f} s/step, {row['tokens_per_s']:.1f} tokens/s"
                 print(f"round {round_} staleness {staleness}: {figures} ({row['threads']} thread(s))", flush=True)
     base = statistics.median(r["s_per_step"] for r in results[0])
-    print(f"\n{args.batch_size} prompts x {args.group_size} samples, <= {args.max_new_tokens} new tokens; "
+    base_tokens = statistics.median(r["tokens_per_s"] for r in results[0])
+    print(f"\n{args.engine} engine, {args.batch_size} prompts x {args.group_size} samples, "
+          f"<= {args.max_new_tokens} new tokens; "
           f"{args.steps} timed updates per setting and round, medians over {args.rounds} rounds")  # fmt: skip
-    print("| max_staleness | threads (trainer + worker) | s/step | tokens/s | s/step vs 0 |\n|---|---|---|---|---|")
+    print("| max_staleness | threads (trainer + worker) | s/step | tokens/s | s/step vs 0 | tokens/s vs 0 |")
+    print("|---|---|---|---|---|---|")
     summary = {}
     for staleness, rows in results.items():
         s_step = statistics.median(r["s_per_step"] for r in rows)
         tokens = statistics.median(r["tokens_per_s"] for r in rows)
         split = f"{args.threads} (phases in turn)" if staleness == 0 else f"{rows[0]['threads']} + {rows[0]['threads']}"
-        print(f"| {staleness} | {split} | {s_step:.2f} | {tokens:.1f} | {s_step / base:.2f}x |")
-        summary[staleness] = {"s_per_step": s_step, "tokens_per_s": tokens, "ratio": s_step / base}
+        ratios = f"{s_step / base:.2f}x | {tokens / base_tokens:.2f}x"
+        print(f"| {staleness} | {split} | {s_step:.2f} | {tokens:.1f} | {ratios} |")
+        summary[staleness] = {
+            "s_per_step": s_step, "tokens_per_s": tokens, "ratio": s_step / base, "tokens_ratio": tokens / base_tokens
+        }  # fmt: skip
     print(f"code {commit.stdout.strip()}, load average {min(loads):.1f}-{max(loads):.1f} during the run")
     record = {"commit": commit.stdout.strip(), "loads": loads, "args": vars(args), "summary": summary}
     record["rounds"] = results

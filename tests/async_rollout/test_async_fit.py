@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, Updat
 
 ROOT = Path(__file__).resolve().parents[2]
 # The tiny random-init model starts near ln V, where the policy-health check warns of uniform sampling.
-pytestmark = pytest.mark.filterwarnings("ignore:lit_entropy. the policy samples uniformly")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:lit_entropy. the policy samples uniformly"),
+    # Runs limited by limit_train_batches end with batches in flight (test_the_end_of_the_last_epoch_... checks it).
+    pytest.mark.filterwarnings("ignore:lit_entropy. the run ran out of data"),
+]
 
 
 def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
@@ -202,3 +207,39 @@ def test_the_async_tags_logged_are_the_ones_docs_dashboard_lists(tiny_model_dir,
     assert logged == documented
     assert [value for _, value in scalars["train/async/staleness_max"]] == [0.0, 1.0, 2.0]
     assert "train/rollout/frac_above" in scalars  # the correction this mode turns on logs its fractions
+
+
+def test_the_end_of_the_last_epoch_warns_of_the_batches_in_flight_and_max_steps_trains_them(tiny_model_dir, tmp_path):
+    """max_epochs=1 with one batch in flight: the last batch of the epoch was sent, not trained, and the run says so
+    (naming the recipe); max_epochs=2 with max_steps = the epoch's batches trains every prompt of the epoch."""
+
+    def fit(max_epochs: int, max_steps: int, record: TrainedPrompts) -> Trainer:
+        seed_everything(0)
+        data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=4, num_train_examples=16, seed=3)
+        trainer = Trainer(
+            accelerator="cpu", max_epochs=max_epochs, max_steps=max_steps, limit_val_batches=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[record],
+        )  # fmt: skip
+        trainer.fit(_module(tiny_model_dir, AsyncRolloutConfig(max_staleness=1)), data)
+        return trainer
+
+    sync = TrainedPrompts()
+    seed_everything(0)
+    data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=4, num_train_examples=16, seed=3)
+    Trainer(
+        accelerator="cpu", max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[sync],
+    ).fit(_module(tiny_model_dir), data)  # fmt: skip
+    assert len(sync.prompts) == 16  # the epoch: 4 batches of 4 prompts
+
+    short = TrainedPrompts()
+    with pytest.warns(UserWarning, match=r"max_epochs=1\) with 1 batch\(es\) \(4 prompts per rank\).*max_epochs=2 with "
+                      r"trainer.max_steps=4 trains every prompt of 1 epoch"):  # fmt: skip
+        trainer = fit(1, -1, short)
+    assert trainer.global_step == 3 and short.prompts == sync.prompts[:12]
+
+    whole = TrainedPrompts()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="lit_entropy. the run ran out of data")
+        trainer = fit(2, 4, whole)
+    assert trainer.global_step == 4 and whole.prompts == sync.prompts

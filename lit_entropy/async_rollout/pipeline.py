@@ -280,14 +280,7 @@ class AsyncRollouts:
         assert self.worker is not None
         self.version += 1
         engine = host.rollout_engine
-        multi_turn = getattr(host, "multi_turn", None)
         if isinstance(engine, ProcessRolloutEngine):
-            if multi_turn is not None:
-                raise ValueError(
-                    "model.async_rollout with model.multi_turn runs the environment loop in the worker thread, on the "
-                    "Hugging Face engine only: the vLLM engine's process samples single completions; leave "
-                    "model.rollout unset (Hugging Face generate) or set model.async_rollout: null"
-                )
             engine.current_version = self.version  # what validation from the trainer samples with
         if self.version - self.pushed >= self.config.weight_sync_steps:
             weights: Any

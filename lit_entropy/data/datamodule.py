@@ -41,7 +41,8 @@ class PromptDataModule(LightningDataModule):
     * ``"package.module:function"``: a Python function, imported (from the working directory too) and called
       without arguments; it returns the rows (a list of dicts, or a ``datasets.Dataset``). The split settings
       do not apply: name one function per split (``my_task:train_rows``, ``my_task:val_rows``).
-    * ``"word_problems"`` / ``"word_problems_1op"``: embedded grade-school word problems with 1-3 operations / one
+    * ``"word_problems"`` / ``"word_problems_1op"`` / ``"word_problems_easy"``: embedded grade-school word problems
+      with 1-3 operations / one / one addition of small numbers asking for the number only
       (``lit_entropy.data.word_problems``; reward ``word_problem``), for a real chat model (``apply_chat_template``);
       as for arithmetic, plus ``val_split: test`` for the test split and ``class_key: operations``.
     * a local file (``.json``, ``.jsonl``, ``.parquet``, ``.csv``), loaded with

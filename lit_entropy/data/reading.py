@@ -110,13 +110,15 @@ def load_arithmetic(split: str, count: int, count_setting: str, seed: int, optio
 
 def load_word_problems(task: str, split: str, count: int, count_setting: str, seed: int) -> Any:
     """``count`` problems of the embedded word-problem ``task`` (``"word_problems"``: 1-3 operations,
-    ``"word_problems_1op"``: one) from ``split`` as a ``datasets.Dataset`` with ``prompt`` / ``answer`` /
-    ``operations`` columns (see :mod:`lit_entropy.data.word_problems`)."""
+    ``"word_problems_1op"``: one, ``"word_problems_easy"``: one addition of small numbers) from ``split`` as a
+    ``datasets.Dataset`` with ``prompt`` / ``answer`` / ``operations`` columns (see
+    :mod:`lit_entropy.data.word_problems`)."""
     # deferred: datasets takes ~1 s to import (pyarrow, pandas); only reading a data file needs it
     import datasets
 
     try:
-        rows = make_word_problems(split, count, seed=seed, operations=WORD_PROBLEM_TASKS[task])
+        variant = WORD_PROBLEM_TASKS[task]
+        rows = make_word_problems(split, count, seed=seed, operations=variant.operations, easy=variant.easy)
     except ValueError as err:
         raise ValueError(f"cannot build the {task} {split!r} split with {count_setting}={count}: {err}") from err
     return datasets.Dataset.from_list(rows)

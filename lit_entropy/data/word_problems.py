@@ -5,6 +5,10 @@ more, gives away, multiplies into packs, shares equally), and asks for the resul
 last step prices them, in dollars or cents. Every intermediate and final value is a non-negative integer (a share is
 drawn only where the division is exact). Several templates per step, names, objects and units vary the wording.
 
+The easy variant (``easy=True``, task ``word_problems_easy``) is one addition of small numbers (2-9 objects, 1-9 more)
+asking for the number only: SmolLM2-135M-Instruct is right about a third of the time there at temperature 0.7, so
+GRPO has within-group contrast from the first step; on the full task it is right ~5 % of the time.
+
 Splits are disjoint by construction: a problem belongs to the split its text hashes to (8 of 10 buckets train,
 1 validation, 1 test), so no problem text is in two splits, whatever the seeds. The same ``(split, count, seed,
 operations)`` always gives the same problems.
@@ -25,19 +29,39 @@ from dataclasses import dataclass
 
 __all__ = [
     "ANSWER_INSTRUCTION",
+    "EASY_INSTRUCTION",
     "SPLITS",
     "WORD_PROBLEM_TASKS",
     "WordProblem",
+    "WordProblemTask",
     "make_word_problems",
     "split_of",
 ]
 
 #: What the prompt asks of the answer's form; the reward (``word_problem``) reads the final number of the reply.
 ANSWER_INSTRUCTION = "Give the final answer as a single number on the last line, like this: Answer: 42"
+#: The easy variant's instruction: a bare number, no worked example to copy (the 135 M model repeats the "42").
+EASY_INSTRUCTION = "Reply with the number only."
 #: Split -> hash buckets (of 10) it owns.
 SPLITS: dict[str, range] = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
-#: ``data.train_dataset`` names -> (fewest, most) operations per problem.
-WORD_PROBLEM_TASKS: dict[str, tuple[int, int]] = {"word_problems": (1, 3), "word_problems_1op": (1, 1)}
+
+
+@dataclass(frozen=True)
+class WordProblemTask:
+    """What an embedded word-problem task draws: (fewest, most) operations, or the easy variant."""
+
+    operations: tuple[int, int] = (1, 3)
+    """(fewest, most) operations per problem, each in 1..3 (ignored by the easy variant: one addition)."""
+    easy: bool = False
+    """One addition of small numbers (2-9, 1-9 more) and :data:`EASY_INSTRUCTION`."""
+
+
+#: ``data.train_dataset`` names -> what the task draws.
+WORD_PROBLEM_TASKS: dict[str, WordProblemTask] = {
+    "word_problems": WordProblemTask((1, 3)),
+    "word_problems_1op": WordProblemTask((1, 1)),
+    "word_problems_easy": WordProblemTask((1, 1), easy=True),
+}
 
 _NAMES = (
     "Ava", "Ben", "Chloe", "Daniel", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jamal", "Keiko", "Liam", "Maya",
@@ -69,7 +93,7 @@ def split_of(text: str) -> str:
 
 
 def make_word_problems(
-    split: str, count: int, *, seed: int = 0, operations: tuple[int, int] = (1, 3)
+    split: str, count: int, *, seed: int = 0, operations: tuple[int, int] = (1, 3), easy: bool = False
 ) -> list[dict[str, str | int]]:
     """``count`` distinct problems of ``split`` as rows ``{"prompt", "answer", "operations"}``.
 
@@ -78,10 +102,11 @@ def make_word_problems(
         count: Problems to return.
         seed: Seeds the generator (the split decides which generated problems are kept).
         operations: (fewest, most) operations per problem, each in 1..3.
+        easy: Draw the easy variant instead: one addition of small numbers, :data:`EASY_INSTRUCTION`.
 
     Returns:
-        Rows whose ``prompt`` is the problem followed by :data:`ANSWER_INSTRUCTION` (a user message: render it with
-        the model's chat template) and whose ``answer`` is the integer as a string.
+        Rows whose ``prompt`` is the problem followed by :data:`ANSWER_INSTRUCTION` (:data:`EASY_INSTRUCTION`) (a
+        user message: render it with the model's chat template) and whose ``answer`` is the integer as a string.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
@@ -90,17 +115,19 @@ def make_word_problems(
         raise ValueError(f"operations must be (fewest, most) with 1 <= fewest <= most <= 3, got {operations!r}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive int, got {count!r}")
-    rng = random.Random(f"word_problems/{seed}/{split}")
+    # the easy variant has its own stream: the other tasks' problems stay what they were
+    rng = random.Random(f"word_problems{'_easy' if easy else ''}/{seed}/{split}")
+    instruction = EASY_INSTRUCTION if easy else ANSWER_INSTRUCTION
     rows: list[dict[str, str | int]] = []
     seen: set[str] = set()
     for _ in range(count * 200):
-        problem = _draw(rng, rng.randint(low, high))
+        problem = _draw_easy(rng) if easy else _draw(rng, rng.randint(low, high))
         if problem.text in seen or split_of(problem.text) != split:
             continue
         seen.add(problem.text)
         rows.append(
             {
-                "prompt": f"{problem.text}\n{ANSWER_INSTRUCTION}",
+                "prompt": f"{problem.text}\n{instruction}",
                 "answer": str(problem.answer),
                 "operations": problem.operations,
             }
@@ -141,6 +168,16 @@ def _draw(rng: random.Random, operations: int) -> WordProblem:
             (f"How many {plural} does {name} have now?", f"How many {plural} are left with {name} in the end?")
         )
     return WordProblem(" ".join([*sentences, question]), value, operations)
+
+
+def _draw_easy(rng: random.Random) -> WordProblem:
+    """One addition of small numbers: "Ava has 4 apples. Ben gives Ava 3 more apples. How many ...?" (answer 7)."""
+    name, friend = rng.sample(_NAMES, 2)
+    _, plural = rng.choice(_OBJECTS)
+    start, more = rng.randint(2, 9), rng.randint(1, 9)
+    opening = rng.choice((f"{name} has {start} {plural}.", f"There are {start} {plural} in {name}'s bag."))
+    change = rng.choice((f"{friend} gives {name} {more} more {plural}.", f"Then {name} buys {more} more {plural}."))
+    return WordProblem(f"{opening} {change} How many {plural} does {name} have now?", start + more, 1)
 
 
 @dataclass(frozen=True)

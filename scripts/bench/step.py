@@ -409,7 +409,10 @@ def prepare_trl(
         from lit_entropy.data.word_problems import WORD_PROBLEM_TASKS, make_word_problems
 
         drawn = make_word_problems(
-            "train", settings.num_train_examples, seed=settings.seed, operations=WORD_PROBLEM_TASKS[CHAT_TASK]
+            "train",
+            settings.num_train_examples,
+            seed=settings.seed,
+            operations=WORD_PROBLEM_TASKS[CHAT_TASK].operations,
         )
         prompts = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in drawn]
     else:

@@ -7,7 +7,14 @@ import re
 
 import pytest
 
-from lit_entropy.data.word_problems import ANSWER_INSTRUCTION, SPLITS, make_word_problems, split_of
+from lit_entropy.data.word_problems import (
+    ANSWER_INSTRUCTION,
+    EASY_INSTRUCTION,
+    SPLITS,
+    WORD_PROBLEM_TASKS,
+    make_word_problems,
+    split_of,
+)
 from lit_entropy.rewards import REWARD_FUNCTIONS, final_number, word_problem_reward
 
 # Each sentence pattern and what it does to the running value, read from the text alone.
@@ -58,6 +65,20 @@ def test_splits_are_disjoint_seeded_and_reproducible():
     assert make_word_problems("train", 20, seed=5) == make_word_problems("train", 20, seed=5)
     assert make_word_problems("train", 20, seed=5) != make_word_problems("train", 20, seed=6)
     assert {r["operations"] for r in make_word_problems("train", 50, operations=(1, 1))} == {1}
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_easy_variant_is_one_small_addition(split):
+    rows = make_word_problems(split, 100, seed=1, easy=True)
+    assert WORD_PROBLEM_TASKS["word_problems_easy"].easy
+    for row in rows:
+        text, instruction = row["prompt"].split("\n")
+        assert instruction == EASY_INSTRUCTION and split_of(text) == split
+        assert _solve(row["prompt"]) == (int(row["answer"]), 1)
+        start, more = (int(n) for n in re.findall(r"\d+", text))
+        assert 2 <= start <= 9 and 1 <= more <= 9
+    # the other tasks' problems are not drawn from the easy variant's stream
+    assert {r["prompt"] for r in rows}.isdisjoint(r["prompt"] for r in make_word_problems(split, 100, seed=1))
 
 
 def test_bad_arguments_are_refused():

@@ -68,3 +68,26 @@ def test_collect_and_tables(tmp_path):
     assert f"0.094 [{low:.3f}, {high:.3f}]" in row
     # after - before per seed: +0.0625, 0 -> mean +0.031
     assert row.split(" | ")[-1].startswith("+0.031 [")
+
+
+def test_easy_variant_runs_its_own_config_and_reads_one_start(tmp_path):
+    pytest.importorskip("tensorboard")
+    runs = load_script("scripts.docs.word_problem_runs")
+    first = runs.run_command("grpo_easy", 0, 10, Path("/tmp/out"), validate_start=True)
+    later = runs.run_command("grpo_easy", 1, 10, Path("/tmp/out"), validate_start=False)
+    assert "--config=configs/smollm2_word_problems_easy.yaml" in first
+    assert "--val_before_train=false" not in first and "--val_before_train=false" in later
+    # the easy config is sized already (16 tokens, 2 prompts): only checkpointing is turned off
+    assert set(runs.SIZING) & set(first) == {"--trainer.enable_checkpointing=false"}
+
+    write_run(tmp_path / "grpo_easy_s0" / "version_0", {0: (0.125, 0.5), 3: (0.25, 0.75)}, steps=3)
+    write_run(tmp_path / "grpo_easy_s1" / "version_0", {3: (0.5, 1.0)}, steps=3)  # no step-0 validation
+    collected = runs.collect(tmp_path, [0, 1], ("grpo_easy",), once=True)
+    assert collected["grpo_easy_s1"]["before"] == {"val/avg@4": 0.125, "val/pass@4": 0.5}  # seed 0's start
+    assert collected["grpo_easy_s1"]["after"] == {"val/avg@4": 0.5, "val/pass@4": 1.0}
+    row = next(line for line in runs.tables(collected).splitlines() if line.startswith("| grpo_easy | `val/avg@4`"))
+    assert row.split(" | ")[-1].startswith("+0.250 [")  # after - before: +0.125, +0.375
+    table = runs.curves(tmp_path, collected)
+    assert set(table["run"]) == {"grpo_easy_s0", "grpo_easy_s1"}
+    # seed 1: 2 validation points + 3 steps x 4 phases
+    assert len(table[table["run"] == "grpo_easy_s1"]) == 2 + 12

@@ -3,6 +3,7 @@
     nice -n 19 python -m scripts.demos.agents run --task calculator --arms grpo clip_b clip_v --seeds 0 1 2
     nice -n 19 python -m scripts.demos.agents run --task guessing --arms grpo --seeds 0 1 2
     nice -n 19 python -m scripts.demos.agents evaluate     # start (base model) and end (hf_model) of every run
+    nice -n 19 python -m scripts.demos.agents evaluate --runs DIR --keep-other-tasks   # one task rerun alone
     python -m scripts.demos.agents figures                 # docs/figures/agents_*.png and the table of the page
 
 ``run`` starts each run as a user would (``python -m lit_entropy fit --config configs/<task config>``, one run at a
@@ -101,8 +102,9 @@ def evaluate_model(task: str, path: str, seed: int, prompts: int) -> dict[str, f
     return make_guessing_model.evaluate(model, tokenizer, rows, seed=seed)
 
 
-def evaluate(runs: Path, prompts: int) -> None:
-    """Start / end figures of every run under ``runs`` and their curves, into the two parquet files."""
+def evaluate(runs: Path, prompts: int, keep_other_tasks: bool = False) -> None:
+    """Start / end figures of every run under ``runs`` and their curves, into the two parquet files; with
+    ``keep_other_tasks`` the files' rows of tasks that have no run under ``runs`` stay (one task rerun alone)."""
     # deferred: pandas only here
     import pandas as pd  # noqa: PLC0415 - reason: see above
 
@@ -125,8 +127,12 @@ def evaluate(runs: Path, prompts: int) -> None:
     if not rows:
         raise SystemExit(f"no runs under {runs} (each run writes */seed*/demo_run.json)")
     FIGURES.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(RESULTS, index=False)
-    pd.DataFrame(curves).to_parquet(CURVES, index=False)
+    tables = {RESULTS: pd.DataFrame(rows), CURVES: pd.DataFrame(curves)}
+    for path, table in tables.items():
+        if keep_other_tasks and path.exists():
+            old = pd.read_parquet(path)
+            table = pd.concat([old[~old.task.isin(set(tables[RESULTS].task))], table], ignore_index=True)
+        table.to_parquet(path, index=False)
     print(f"wrote {RESULTS.relative_to(REPO)} ({len(rows)} rows), {CURVES.relative_to(REPO)} ({len(curves)} rows)")
 
 
@@ -148,6 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ev = sub.add_parser("evaluate", help="start / end figures and curves of every run, into docs/figures/*.parquet")
     ev.add_argument("--runs", type=Path, default=REPO / "runs" / "agents_demos")
     ev.add_argument("--prompts", type=int, default=128, help="held-out problems (games) per evaluation")
+    ev.add_argument("--keep-other-tasks", action="store_true", help="keep the files' rows of tasks not under --runs")
     sub.add_parser("figures", help="docs/figures/agents_*.png and the page's table from the parquet files")
     return p.parse_args(argv)
 
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 run_one(args.task, arm, seed, args.steps, args.runs, args.extra)
     elif args.command == "evaluate":
-        evaluate(args.runs, args.prompts)
+        evaluate(args.runs, args.prompts, args.keep_other_tasks)
     else:
         # deferred: matplotlib only for the figures
         from scripts.demos.agents_figures import write_figures  # noqa: PLC0415 - reason: see above

@@ -78,7 +78,7 @@ def sample_turns(model: Any, tokenizer: Any, contexts: list[list[int]], max_new_
     for i, c in enumerate(contexts):  # left padding, as batched generation needs
         ids[i, width - len(c) :] = torch.tensor(c)
         att[i, width - len(c) :] = 1
-    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, input_ids=ids, attention_mask=att)
+    out = sampled_ids(model, tokenizer, {"input_ids": ids, "attention_mask": att}, max_new_tokens)
     out = out[:, width:].tolist()
     turns = []
     for row in out:

@@ -28,8 +28,8 @@ import torch
 
 from lit_entropy.environments.calculator import calculate, make_calculator_examples
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
+from scripts.assets import sft
 from scripts.assets.agent_rollout import play_trajectories, supervised_batch
-from scripts.assets.sft import add_sft_arguments, arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-calculator"
 MAX_CALL_TOKENS = 64  # the call is 57 tokens for two-digit operands
@@ -60,14 +60,11 @@ def supervised_messages(row: dict[str, str], use_tool: bool) -> list[dict[str, s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p = sft.builder_parser(__doc__.split("\n\n")[0], DEFAULT_OUT)
     p.add_argument("--tool-share", type=float, default=0.25, help="share of supervised trajectories that call the tool")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=128)
-    add_sft_arguments(p, max_steps=3000, eval_every=100)
+    sft.add_sft_arguments(p, max_steps=3000, eval_every=100)
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--target-tool-acc", type=float, default=0.6, help="stop once tool trajectories are this right")
     p.add_argument("--final-prompts", type=int, default=256)
@@ -107,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = build_char_chat_tokenizer(model_max_length=128)
-    model = build_model(tokenizer, args.seed, MAX_CALL_TOKENS, args.num_layers, args.hidden_size)
+    model = sft.build_model(tokenizer, args.seed, MAX_CALL_TOKENS, args.num_layers, args.hidden_size)
     train = make_calculator_examples("train", seed=args.seed)
     val = make_calculator_examples("validation", seed=args.seed)
     rng = random.Random(args.seed)
@@ -119,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         return supervised_batch(conversations, tokenizer)
 
-    sft = supervise(
+    fit = sft.supervise(
         model,
         next_batch,
         lambda: evaluate(model, tokenizer, val[: args.eval_prompts], samples=2, seed=args.seed),
@@ -129,17 +126,10 @@ def main(argv: list[str] | None = None) -> None:
         eval_every=args.eval_every,
     )
     final = evaluate(model, tokenizer, val[: args.final_prompts], samples=8, seed=args.seed + 1)
-    save(model, tokenizer, args.out)
-    report = {
-        "sft_steps": sft.steps,
-        "params": sum(p.numel() for p in model.parameters()),
-        "seconds": round(time.perf_counter() - t0, 1),
-        "val_prompts": args.final_prompts,
-        "samples": 8,
-        **{f"val_{k}": round(v, 4) for k, v in final.items()},
-        "args": arguments(args),
-    }
-    write_report(args.out, report)
+    sft.save(model, tokenizer, args.out)
+    numbers = {f"val_{k}": round(v, 4) for k, v in final.items()}
+    fields = {"val_prompts": args.final_prompts, "samples": 8, **numbers, "args": sft.arguments(args)}
+    sft.write_report(args.out, sft.report(fit, model, t0, **fields))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import torch
 
 from lit_entropy.environments.char_chat import build_char_chat_tokenizer
 from lit_entropy.environments.guessing_game import DEFAULT_MAX_TURNS, GuessingGame, make_guessing_examples
+from scripts.assets import sft
 from scripts.assets.agent_rollout import play_text_environment, supervised_batch
-from scripts.assets.sft import add_sft_arguments, arguments, build_model, save, supervise, write_report
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-guess"
 TURN_TOKENS = 4  # "16" then <eos>, with a spare token
@@ -52,18 +52,6 @@ def random_consistent_game(
     return messages
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    add_sft_arguments(p, max_steps=3000, eval_every=50)
-    p.add_argument("--eval-games", type=int, default=64)
-    p.add_argument("--target", type=float, default=1.0, help="stop once the sampled mean reward reaches this")
-    p.add_argument("--final-games", type=int, default=512)
-    return p.parse_args(argv)
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict[str, str]], seed: int) -> dict[str, float]:
     """Mean reward (the final guess right, 1, plus the game's speed bonus), solve rate and turns of T = 1 games."""
@@ -86,12 +74,21 @@ def evaluate(model, tokenizer, rows: list[dict[str, str]], seed: int) -> dict[st
     }
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = sft.builder_parser(__doc__.split("\n\n")[0], DEFAULT_OUT)
+    sft.add_sft_arguments(p, max_steps=3000, eval_every=50)
+    p.add_argument("--eval-games", type=int, default=64)
+    p.add_argument("--target", type=float, default=1.0, help="stop once the sampled mean reward reaches this")
+    p.add_argument("--final-games", type=int, default=512)
+    return p.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = build_char_chat_tokenizer(model_max_length=96)
-    model = build_model(tokenizer, args.seed, TURN_TOKENS)
+    model = sft.build_model(tokenizer, args.seed, TURN_TOKENS)
     val = make_guessing_examples("validation", max(args.eval_games, args.final_games))
     rng = random.Random(args.seed)
 
@@ -101,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         return supervised_batch(games, tokenizer)
 
-    sft = supervise(
+    fit = sft.supervise(
         model,
         next_batch,
         lambda: evaluate(model, tokenizer, val[: args.eval_games], seed=args.seed),
@@ -111,16 +108,11 @@ def main(argv: list[str] | None = None) -> None:
         eval_every=args.eval_every,
     )
     final = evaluate(model, tokenizer, val[: args.final_games], seed=args.seed + 1)
-    save(model, tokenizer, args.out)
-    report = {
-        "sft_steps": sft.steps,
-        "params": sum(p.numel() for p in model.parameters()),
-        "seconds": round(time.perf_counter() - t0, 1),
-        "val_games": args.final_games,
-        **{f"val_{k}": round(v, 4) for k, v in final.items()},
-        "args": arguments(args),
-    }
-    write_report(args.out, report)
+    sft.save(model, tokenizer, args.out)
+    numbers = {f"val_{k}": round(v, 4) for k, v in final.items()}
+    sft.write_report(
+        args.out, sft.report(fit, model, t0, val_games=args.final_games, **numbers, args=sft.arguments(args))
+    )
 
 
 if __name__ == "__main__":

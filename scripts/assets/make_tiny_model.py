@@ -26,8 +26,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from lit_entropy.data.arithmetic import DEFAULT_MAX_OPERAND, arithmetic_split_size, make_arithmetic_examples
 from lit_entropy.data.char_tokenizer import build_char_tokenizer
-from lit_entropy.models.tiny import build_qwen2
-from scripts.assets.sft import add_sft_arguments, arguments, make_batch, save, supervise, warm_up
+from scripts.assets.sft import add_sft_arguments, arguments, build_model, make_batch, save, supervise, warm_up
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "lit_entropy" / "assets" / "tiny-qwen2-arith"
 
@@ -50,21 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--final-prompts", type=int, default=512, help="val prompts in the final report")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt (the GRPO group size)")
     return p.parse_args(argv)
-
-
-def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    if args.hidden_size // args.num_heads != 64:
-        raise ValueError(f"hidden_size / num_heads must be 64 (vLLM), got {args.hidden_size}/{args.num_heads}")
-    return build_qwen2(
-        tokenizer,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        seed=args.seed,
-        max_new_tokens=6,
-    )
 
 
 @torch.no_grad()
@@ -114,7 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     random.seed(args.seed)
     t0 = time.perf_counter()
     tokenizer = build_char_tokenizer()
-    model = build_model(args, tokenizer)
+    shape = {
+        "intermediate_size": args.intermediate_size,
+        "num_heads": args.num_heads,
+        "num_kv_heads": args.num_kv_heads,
+    }
+    model = build_model(tokenizer, args.seed, 6, args.num_layers, args.hidden_size, **shape)
     n_params = sum(p.numel() for p in model.parameters())
     ds_kwargs = {"max_operand": args.max_operand, "operations": args.operations}
     n_train = arithmetic_split_size("train", **ds_kwargs)

@@ -29,9 +29,11 @@ __all__ = [
     "Supervised",
     "add_sft_arguments",
     "arguments",
+    "builder_parser",
     "build_model",
     "make_batch",
     "pad_right",
+    "report",
     "sample",
     "sampled_ids",
     "save",
@@ -39,6 +41,15 @@ __all__ = [
     "warm_up",
     "write_report",
 ]
+
+
+def builder_parser(description: str, out: Path) -> argparse.ArgumentParser:
+    """A builder's command line with ``--out`` (default ``out``), ``--seed`` and ``--threads``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
 
 
 def add_sft_arguments(
@@ -58,18 +69,15 @@ def warm_up(steps: int) -> Callable[[int], float]:
 
 
 def build_model(
-    tokenizer: PreTrainedTokenizerFast, seed: int, max_new_tokens: int, num_layers: int = 2, hidden_size: int = 128
+    tokenizer: Any, seed: int, max_new_tokens: int, num_layers: int = 2, hidden_size: int = 128, **shape: int
 ) -> Qwen2ForCausalLM:
-    """A tied-head Qwen2 with heads of 64 (vLLM-servable), one KV head and an MLP twice the hidden size."""
+    """A tied-head Qwen2 with heads of 64 (vLLM-servable), one KV head and an MLP twice the hidden size, unless
+    ``shape`` says otherwise (``intermediate_size``, ``num_heads``, ``num_kv_heads``)."""
+    shape = {"intermediate_size": 2 * hidden_size, "num_heads": hidden_size // 64, "num_kv_heads": 1, **shape}
+    if hidden_size // shape["num_heads"] != 64:
+        raise ValueError(f"hidden_size / num_heads must be 64 (vLLM), got {hidden_size}/{shape['num_heads']}")
     return build_qwen2(
-        tokenizer,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_layers=num_layers,
-        num_heads=hidden_size // 64,
-        num_kv_heads=1,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed, max_new_tokens=max_new_tokens, **shape
     )
 
 
@@ -100,20 +108,14 @@ def make_batch(examples: list[dict[str, str]], tokenizer: PreTrainedTokenizerFas
 
 @torch.no_grad()
 def sampled_ids(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    *,
-    max_new_tokens: int,
-    samples: int = 1,
-    temperature: float = 1.0,
-    **inputs: torch.Tensor,
+    model: Any, tokenizer: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int, samples: int = 1
 ) -> torch.Tensor:
-    """``model.generate`` sampling at ``temperature`` without top-k / top-p: ``samples`` sequences per row of
-    ``inputs`` (``input_ids``, ``attention_mask``), prompt ids included, stopping at the tokenizer's ``<eos>``."""
+    """``model.generate`` at T = 1 without top-k / top-p: ``samples`` sequences per row of ``inputs``
+    (``input_ids``, ``attention_mask``), prompt ids included, each ending at the tokenizer's ``<eos>``."""
     return model.generate(
         **inputs,
         do_sample=True,
-        temperature=temperature,
+        temperature=1.0,
         top_k=0,
         top_p=1.0,
         max_new_tokens=max_new_tokens,
@@ -124,21 +126,14 @@ def sampled_ids(
 
 
 def sample(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    prompts: list[str],
-    *,
-    samples: int,
-    seed: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
+    model: Any, tokenizer: Any, prompts: list[str], *, samples: int, seed: int, max_new_tokens: int
 ) -> list[str]:
-    """``samples`` completions per prompt (prompt-major), sampled at ``temperature`` without top-k / top-p after
+    """``samples`` completions per prompt (prompt-major), sampled at T = 1 without top-k / top-p after
     ``torch.manual_seed(seed)``; the model is left in training mode."""
     model.eval()
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
-    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, samples=samples, temperature=temperature, **enc)
+    out = sampled_ids(model, tokenizer, enc, max_new_tokens, samples)
     model.train()
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
@@ -191,6 +186,12 @@ def supervise(
             if done(stats):
                 break
     return Supervised(step, stats, loss.item())
+
+
+def report(sft: Supervised, model: Qwen2ForCausalLM, t0: float, **fields: Any) -> dict[str, Any]:
+    """An SFT report: its steps, the model's parameters, the seconds since ``t0``, then ``fields``."""
+    params = sum(p.numel() for p in model.parameters())
+    return {"sft_steps": sft.steps, "params": params, "seconds": round(time.perf_counter() - t0, 1), **fields}
 
 
 def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> int:

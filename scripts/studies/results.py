@@ -91,6 +91,17 @@ def run_names(exp: Path) -> set[str]:
     return set(pq.read_table(exp / TABLE, columns=["run"]).column("run").to_pylist())
 
 
+def done_records(exp: Path) -> dict[str, dict[str, Any]]:
+    """Run name -> its ``done.json`` record (seconds, code revision, torch, ...) for every run in ``exp``'s table."""
+    if not (exp / TABLE).exists():
+        return {}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(exp / TABLE, columns=["run", "done"])
+    runs, done = table.column("run").to_pylist(), table.column("done").to_pylist()
+    return {r: json.loads(d) for r, d in zip(runs, done, strict=True)}
+
+
 def load_runs(exp: Path) -> dict[str, dict[str, Any]]:
     """Run name -> ``{"eval": rows, "train": rows, "done": dict}`` from ``exp``'s table, rows as ``csv.DictReader``
     gives them (every value a string), in the order they were written."""

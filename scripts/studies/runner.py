@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from scripts.studies.results import is_finished
+from scripts.studies.results import done_records, is_finished
 
 __all__ = ["Study", "add_arguments", "arm_study", "claim", "code_revision", "execute", "pool", "prepare", "status"]
 
@@ -115,11 +115,14 @@ def claim(run_dir: Path) -> bool:
 
 
 def status(study: Study, keys: Sequence[Hashable]) -> None:
-    """One line per run: done (wall seconds, code revision, torch), claimed or todo."""
+    """One line per run: done (wall seconds, code revision, torch; from ``per_run/`` or the experiment's table),
+    claimed or todo."""
+    table = done_records(study.exp)
     for key in keys:
         d = study.exp / "per_run" / study.name(key)
-        if (d / "done.json").exists():
-            info = json.loads((d / "done.json").read_text())
+        done = (d / "done.json").exists()
+        info = json.loads((d / "done.json").read_text()) if done else table.get(study.name(key))
+        if info is not None:
             state = f"done  {info['seconds']:7.0f}s  code {info['code_revision']}  torch {info['torch']}"
         else:
             state = "claimed (running?)" if (d / "claim").exists() else "todo"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from _scripts import load_script
@@ -139,3 +140,23 @@ def test_readme_block_matches_the_committed_runs(tmp_path, experiment):
         block = text.split(f"<!-- {marker}:begin -->\n", 1)[1].split(f"<!-- {marker}:end -->", 1)[0].rstrip()
         expected = (tmp_path / ("readme_block.md" if kind == "full" else "docs_block.md")).read_text().rstrip()
         assert block == expected, f"{path.name}: {stale}"
+
+
+def test_status_reads_finished_runs_from_the_table(tmp_path, capsys):
+    """A run folded into the experiment's table (its directory gone, as after a sync) is listed as done."""
+    runner = load_script("scripts.studies.runner")
+    results = load_script("scripts.studies.results")
+    _fake_run(tmp_path / "table", "fork-s0", "grpo", 0, 0.3, rev="c0ffee1")
+    _fake_run(tmp_path / "dir", "fork-s0", "clip_b", 0, 0.3, rev="c0ffee2")
+    results.collect(tmp_path, source=tmp_path / "table" / "per_run")
+    (tmp_path / "per_run").mkdir()
+    shutil.move(tmp_path / "dir" / "per_run" / "fork-s0__clip_b__s0", tmp_path / "per_run")
+    keys = [("fork-s0", "grpo", 0), ("fork-s0", "clip_b", 0), ("fork-s0", "replay_mask", 0)]
+    args = SimpleNamespace(exp=tmp_path, experiment="horizon", steps=4, eval_every=40)
+    study = runner.arm_study("t", "m", args, name=lambda key: "__".join([key[0], key[1], f"s{key[2]}"]), train=print)
+    runner.status(study, keys)
+    lines = capsys.readouterr().out.splitlines()
+    assert "done" in lines[0] and "code c0ffee1" in lines[0]  # from the table
+    assert "done" in lines[1] and "code c0ffee2" in lines[1]  # from per_run/
+    assert lines[2].split() == ["fork-s0__replay_mask__s0", "todo"]
+    assert study.ready(("fork-s0", "replay_mask", 0)) and not study.ready(("fork-s1", "replay_mask", 0))

@@ -34,7 +34,7 @@ def response_stats(model: Any, tokenizer: Any, prompts: list[str], max_new_token
     ``<eos>``) and per token ``log p`` of the sampled token and the entropy H of the next-token distribution."""
     enc = tokenizer(prompts, return_tensors="pt", add_special_tokens=False)
     torch.manual_seed(seed)
-    out = sampled_ids(model, tokenizer, max_new_tokens=max_new_tokens, **enc)
+    out = sampled_ids(model, tokenizer, enc, max_new_tokens)
     start = enc["input_ids"].shape[1]
     response = out[:, start:]
     with torch.no_grad():

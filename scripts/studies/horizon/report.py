@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scripts.studies.design import LABELS as ARM_LABELS
 from scripts.studies.report import (
     PAPER,
     RULE,
@@ -20,12 +21,8 @@ from scripts.studies.report import (
 from scripts.studies.report import number as _f
 from scripts.studies.tasks.forking import CLASS_PROBS
 
-LABELS = {
-    "grpo": "GRPO",
-    "clip_b": "Clip_B mu 2.5",
-    "replay_mask": "random mask, Clip_B's per-step count replayed",
-    "grpo_null": "GRPO, other data order (null)",
-}
+#: The experiments' arms, in table order, and their labels.
+LABELS = {arm: ARM_LABELS[arm] for arm in ("grpo", "clip_b", "replay_mask", "grpo_null")}
 TITLES = {"horizon": "Horizon forking study", "short": "Short-execution forking study"}
 PRIMARY_RUNS = 30  # 3 arms x 2 bases x 5 seeds (PREREGISTRATION.md)
 MINORITY = ("B", "C", "D")

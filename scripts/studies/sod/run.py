@@ -58,6 +58,7 @@ CODE_PATHS = (
     "configs/forking",
     "scripts/studies/sod/run.py",
     "scripts/studies/sod/design.py",
+    "scripts/studies/design.py",
     "scripts/studies/controls.py",
     "scripts/studies/runs.py",
     "scripts/studies/runner.py",

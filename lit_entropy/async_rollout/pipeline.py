@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
+from transformers import AutoModelForCausalLM
 
 from lit_entropy.async_rollout.config import AsyncRolloutConfig
 from lit_entropy.async_rollout.worker import RolloutWorker, Sampled
@@ -42,6 +43,7 @@ __all__ = [
     "RolloutHost",
     "RolloutSource",
     "SynchronousRollouts",
+    "plain_copy",
     "rollout_source",
     "trained_weights",
 ]
@@ -138,6 +140,15 @@ def _policy(host: RolloutHost) -> nn.Module:
     return host.policy
 
 
+def plain_copy(policy: nn.Module, device: torch.device) -> nn.Module:
+    """An unsharded Hugging Face model of ``policy``'s architecture on ``device`` holding its full weights (LoRA
+    merged): the FSDP2 worker's copy. Every rank must call it (the weights are all-gathered)."""
+    weights = dict(weight_snapshot(policy))
+    model = AutoModelForCausalLM.from_config(policy.config)
+    model.load_state_dict(weights)  # every entry: a tied head arrives under both of its names
+    return model.to(device=device, dtype=next(iter(weights.values())).dtype)
+
+
 def trained_weights(policy: nn.Module) -> dict[str, Tensor]:
     """The state-dict entries of ``policy`` an update can change: its trainable parameters and its buffers. A LoRA
     policy's frozen base (and any frozen layer) is left out: the worker's copy already holds it, and copying it at
@@ -175,6 +186,7 @@ class AsyncRollouts:
         self.committed: tuple[int, list[Batch]] = (0, [])  # what a checkpoint holds: (version, prompts in flight)
         self.restored: list[Batch] = []
         self.stats: dict[str, float] = {}
+        self.sharded = False  # FSDP2: the worker samples from a plain (unsharded) copy
 
     def start(self, host: RolloutHost) -> None:
         """Start the worker on the current weights; send a resumed run's prompts in flight first.
@@ -184,8 +196,9 @@ class AsyncRollouts:
         the child its commands, and the policy's weights are its first one.
         """
         engine, policy = host.rollout_engine, _policy(host)
-        if getattr(host, "device_mesh", None) is not None:
-            raise ValueError("model.async_rollout does not support FSDP2 (ModelParallelStrategy) yet: use DDP")
+        # FSDP2: the worker must not run the sharded forward (its all-gathers would interleave with the trainer's
+        # collectives), so its copy is a plain model fed full weights, gathered by every rank at the same versions.
+        self.sharded = getattr(host, "device_mesh", None) is not None
         sampling, self.pushed = host.settings.sampling, self.version
         generate: Callable[[Batch], Any]
         load: Callable[[Any, int], None]
@@ -206,7 +219,7 @@ class AsyncRollouts:
             load = hosted.load
             first: Any = weight_snapshot(policy)
         else:
-            shadow = copy.deepcopy(policy)
+            shadow = plain_copy(policy, host.device) if self.sharded else copy.deepcopy(policy)
             shadow.requires_grad_(False).eval()
             self.shadow, first = shadow, None
 
@@ -286,6 +299,8 @@ class AsyncRollouts:
             weights: Any
             if isinstance(engine, ProcessRolloutEngine):  # copies (LoRA merged) the child loads as they are
                 weights = weight_snapshot(_policy(host))
+            elif self.sharded:  # full copies (all-gathered: every rank pushes at the same versions) for the plain copy
+                weights = dict(weight_snapshot(_policy(host)))
             else:
                 weights = trained_weights(_policy(host))
                 if self.config.depth:  # the trainer changes its weights while the worker still samples: a snapshot

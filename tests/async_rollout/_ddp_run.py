@@ -1,4 +1,5 @@
-"""A short asynchronous GRPO fit on 2 gloo CPU ranks under DDP, for ``test_async_ddp.py``.
+"""A short asynchronous GRPO fit on 2 gloo CPU ranks under DDP or FSDP2 (``--strategy fsdp2``), for
+``test_async_ddp.py``.
 
 Run as a script (Lightning's launcher re-executes it for rank 1), with the repository root and ``tests/`` on
 ``PYTHONPATH``::
@@ -6,7 +7,8 @@ Run as a script (Lightning's launcher re-executes it for rank 1), with the repos
     PYTHONPATH=.:tests python tests/async_rollout/_ddp_run.py --model DIR --out DIR
 
 Each rank writes ``rank<R>.json``: the policy version of every batch it trained (``train/async/version``), the
-prompts it trained, its final ``global_step`` and a checksum of its final weights, and ``checkpoint.json`` (rank
+prompts it trained, the engine-vs-trainer log-prob gap of every update, its final ``global_step`` and a checksum of
+its final weights (FSDP2: rank 0 only), and ``checkpoint.json`` (rank
 0): the prompts in flight per rank that the last checkpoint holds.
 """
 
@@ -19,16 +21,28 @@ from pathlib import Path
 
 import torch
 from _trained_prompts import TrainedPrompts
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_entropy.async_rollout import AsyncRolloutConfig
 from lit_entropy.data.datamodule import PromptDataModule
+from lit_entropy.distributed.fsdp2 import FSDP2Strategy, full_state_dict
 from lit_entropy.module import RFTModule
 from lit_entropy.rollout import SamplingConfig
 from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
 
 BATCHES = 5
+
+
+class LogprobGaps(Callback):
+    """``train/rollout/logprob_gap_mean`` (trainer vs engine log-probs) of every update."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if "train/rollout/logprob_gap_mean" in trainer.callback_metrics and trainer.global_step > len(self.values):
+            self.values.append(float(trainer.callback_metrics["train/rollout/logprob_gap_mean"]))
 
 
 def digit_reward(completions: list[str], answers: list[str]) -> list[float]:
@@ -39,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp2"), default="ddp")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -56,17 +71,19 @@ def main() -> None:
     out = Path(args.out)
     checkpoint = ModelCheckpoint(out, filename="last", every_n_train_steps=1)
     data = PromptDataModule(tokenizer_name_or_path=args.model, batch_size=2, num_train_examples=32, seed=3)
+    strategy = FSDP2Strategy() if args.strategy == "fsdp2" else "ddp"
+    gaps = LogprobGaps()
     trainer = Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0,
+        accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=0,
         logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
-        callbacks=[record, checkpoint],
+        callbacks=[record, checkpoint, gaps],
     )  # fmt: skip
     trainer.fit(module, data)
-    weights = float(sum(p.double().sum() for p in module.policy.parameters()))
+    weights = float(sum(t.double().sum() for t in full_state_dict(module.policy).values()))  # collective (FSDP2)
     # From batch 1 on, as test_async_ddp.py reads them.
     versions = [m["train/async/version"] for m in record.metrics[1:] if "train/async/version" in m]
     info = {"versions": versions, "prompts": record.prompts, "global_step": trainer.global_step}
-    info["weights"] = weights
+    info["weights"], info["gaps"] = weights, gaps.values
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
     if trainer.global_rank == 0:
         saved = torch.load(out / "last.ckpt", weights_only=False)["lit_entropy_async_rollout"]

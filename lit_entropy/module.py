@@ -17,8 +17,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_entropy import protocol
-from lit_entropy.agents import MultiTurnConfig, MultiTurnRollout
-from lit_entropy.async_rollout import AsyncRolloutConfig, rollout_source, staleness_settings
+from lit_entropy.agents import MultiTurnRollout
+from lit_entropy.async_rollout import rollout_source
 from lit_entropy.data.source import PromptSource
 from lit_entropy.internals.lightning import attached_trainer, logger_step
 from lit_entropy.metrics import LossClipFractions
@@ -92,7 +92,8 @@ class RFTModule(ModelLifecycle):
     Args:
         policy: the policy model and its forward pass.
         algorithm: ``grpo`` (group-normalised rewards) or ``ppo`` (GAE on a learned value, see ``ppo``).
-        sampling: training rollouts; ``num_samples`` is the GRPO group size; ``filter_groups``: DAPO dynamic sampling.
+        sampling: training rollouts; ``num_samples`` is the GRPO group size; ``filter_groups``: DAPO dynamic sampling;
+            ``multi_turn``: trajectories with an environment; ``async_rollout``: generation ahead of the update.
         reward: reward function and what counts as correct.
         advantages: how rewards become advantages.
         loss: policy loss, KL and entropy terms, rollout correction.
@@ -102,8 +103,6 @@ class RFTModule(ModelLifecycle):
         evaluation: K samples per prompt at validation / test, and the pass@k ladder.
         rollout: the rollout engine (``class_path``); null = Hugging Face ``generate`` on the policy.
         logging: sample logging and export.
-        async_rollout: generate the next batches while the trainer updates (bounded staleness); null = synchronous.
-        multi_turn: multi-turn / tool-calling trajectories with an environment; null = one completion per prompt.
     """
 
     def __init__(
@@ -120,22 +119,20 @@ class RFTModule(ModelLifecycle):
         evaluation: EvaluationConfig = EvaluationConfig(),
         rollout: RolloutEngine | None = None,
         logging: LoggingConfig = LoggingConfig(),
-        async_rollout: AsyncRolloutConfig | None = None,
-        multi_turn: MultiTurnConfig | None = None,
     ) -> None:
         super().__init__()
         groups = dict(policy=policy, algorithm=algorithm, sampling=sampling, reward=reward, advantages=advantages)
         groups.update(loss=loss, ppo=ppo, update=update, optim=optim, evaluation=evaluation, logging=logging)
-        groups.update(multi_turn=multi_turn)
-        self.async_rollout = AsyncRolloutConfig.of(async_rollout)  # stale samples: the rollout correction by default
-        self.settings = staleness_settings(RFTSettings.build(**groups), self.async_rollout)
-        self.save_hyperparameters(self.settings.to_hparams() | AsyncRolloutConfig.hparams(self.async_rollout))
+        self.settings = RFTSettings.build(**groups)  # async rollouts' stale samples: the rollout correction by default
+        self.save_hyperparameters(self.settings.to_hparams())
         self.automatic_optimization = False
         self.model_name_or_path = policy_model_path(self.settings.policy.model_name_or_path, convert=False)
         self.reward_fn = resolve_reward_fn(self.settings.reward.fn)
-        self.multi_turn = MultiTurnRollout.of(self.settings, self.async_rollout)  # None for single-turn rollouts
-        # each step's rollouts, or a worker's ahead (the vLLM engine then in a process of its own)
-        self.rollouts, self.rollout_engine = rollout_source(self.async_rollout, default_rollout_engine(rollout))
+        self.multi_turn = MultiTurnRollout.of(self.settings)  # None for single-turn rollouts
+        # Each step's rollouts, or a worker's ahead (model.sampling.async_rollout; the vLLM engine then in a process
+        # of its own).
+        engine = default_rollout_engine(rollout)
+        self.rollouts, self.rollout_engine = rollout_source(self.settings.sampling.async_rollout, engine)
         self.settings.loss.rollout_correction.check_engine(self.rollout_engine)
         self.dashboard = TrainDashboard()
         self.tag_plan: TagPlan | None = None  # decided at the first training step (dashboard_run)
@@ -154,7 +151,7 @@ class RFTModule(ModelLifecycle):
         # The reference model and a LoRA policy's base are frozen and reloaded from disk: keep them out of checkpoints.
         drop_frozen_weights(checkpoint, lora=self.settings.policy.lora is not None)
         checkpoint.update(**self.skipped_updates.state_dict(), **self.dynamic_sampling.state_dict())  # collective
-        checkpoint.update(self.rollouts.state_dict())  # collective: the prompts in flight of model.async_rollout
+        checkpoint.update(self.rollouts.state_dict())  # collective: prompts in flight (model.sampling.async_rollout)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         lora, strict = self.settings.policy.lora is not None, self.strict_loading
@@ -165,7 +162,8 @@ class RFTModule(ModelLifecycle):
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         """One rollout batch: generate, score, make experience, callbacks, update, sync, log (phases timed: perf/*)."""
-        with self.dashboard.timer("generate"):  # model.async_rollout: the oldest batch in flight (None: filling)
+        # model.sampling.async_rollout: the oldest batch in flight (None: filling the pipeline)
+        with self.dashboard.timer("generate"):
             taken = self.rollouts.take(self, batch)
         if taken is None:
             return

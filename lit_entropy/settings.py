@@ -17,6 +17,7 @@ from typing import Any, Literal
 from lightning.pytorch.cli import OptimizerCallable
 
 from lit_entropy.agents.config import MultiTurnConfig
+from lit_entropy.async_rollout.config import AsyncRolloutConfig
 from lit_entropy.extensions.imports import import_object
 from lit_entropy.functional.advantages import check_advantage_scale, check_gae_args
 from lit_entropy.functional.checks import check_choice, check_flag, check_number
@@ -72,8 +73,10 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 
 @dataclass(frozen=True)
 class TrainingSamplingConfig(SamplingConfig):
-    """Training rollouts (``model.sampling``): how completions are sampled, plus DAPO's dynamic sampling (a training
-    step's decision, so not in the engines' and the evaluation's :class:`SamplingConfig`)."""
+    """Training rollouts (``model.sampling``): how completions are sampled, plus what only a training step decides,
+    so not in the engines' and the evaluation's :class:`SamplingConfig`: DAPO's dynamic sampling, multi-turn
+    trajectories and asynchronous generation (verl keeps ``rollout.multi_turn`` and ``rollout.mode: async`` in its
+    rollout config likewise, beside the temperature and ``n``)."""
 
     filter_groups: bool = False
     """DAPO dynamic sampling: drop the groups whose samples are all correct or all wrong (by
@@ -82,15 +85,32 @@ class TrainingSamplingConfig(SamplingConfig):
     max_gen_batches: int = 10
     """With ``filter_groups``: the most generation batches one update may draw; when they hold fewer informative
     groups than a batch, the update trains on those (``train/filter/*`` shows how many)."""
+    multi_turn: MultiTurnConfig | None = None
+    """Multi-turn / tool-calling trajectories with an environment (``model.sampling.multi_turn.*``, docs/agents.md);
+    null = one completion per prompt."""
+    async_rollout: AsyncRolloutConfig | None = None
+    """Generate the next batches while the trainer updates, within a bound on staleness
+    (``model.sampling.async_rollout.*``); null = synchronous."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # A checkpoint stores the nested groups as dicts.
+        if isinstance(self.multi_turn, Mapping):
+            object.__setattr__(self, "multi_turn", MultiTurnConfig(**self.multi_turn))
+        if isinstance(self.async_rollout, Mapping):
+            object.__setattr__(self, "async_rollout", AsyncRolloutConfig(**self.async_rollout))
         check_flag("model.sampling.filter_groups", self.filter_groups)
         check_number("model.sampling.max_gen_batches", self.max_gen_batches, low=1, integer=True)
         if self.filter_groups and self.num_samples < 2:
             raise ValueError(
                 f"model.sampling.filter_groups=True needs model.sampling.num_samples >= 2, got {self.num_samples} "
                 "(the samples of a group of one always agree, so every group would be dropped)"
+            )
+        if self.async_rollout is not None and self.filter_groups:
+            # A step without an update would leave a taken batch untrained.
+            raise ValueError(
+                "model.sampling.async_rollout with model.sampling.filter_groups=true is not supported yet: "
+                "set one of them off"
             )
 
     @classmethod
@@ -375,7 +395,6 @@ class RFTSettings:
     optim: OptimConfig
     evaluation: EvaluationConfig
     logging: LoggingConfig
-    multi_turn: MultiTurnConfig | None = None
 
     @classmethod
     def build(cls, **groups: Any) -> RFTSettings:
@@ -389,7 +408,7 @@ class RFTSettings:
             raise TypeError(f"unknown RFTModule settings {unknown}")
         values: dict[str, Any] = {"algorithm": groups.get("algorithm", "grpo")}
         for name, group in _GROUP_TYPES.items():
-            value = groups.get(name, None if name in ("ppo", "multi_turn") else group())
+            value = groups.get(name, None if name == "ppo" else group())
             values[name] = group(**value) if isinstance(value, Mapping) else value
         values["sampling"] = TrainingSamplingConfig.of(values["sampling"])
         if values["algorithm"] == "ppo" and values["ppo"] is None:
@@ -427,6 +446,7 @@ class RFTSettings:
             prefix="model.reward.",
         )
         self._resolve_estimator()
+        self._resolve_staleness_correction()
 
     def _resolve_estimator(self) -> None:
         """Fill in the algorithm's estimator when none is set; refuse an estimator the algorithm cannot feed."""
@@ -438,6 +458,15 @@ class RFTSettings:
         check_group_size(name, self.sampling.num_samples, setting="model.sampling.num_samples")
         check_estimator_and_algorithm(name, self.algorithm, critic=self.algorithm == "ppo" and self.ppo is not None)
         check_loss_and_estimator(self.loss.policy_loss, name)
+
+    def _resolve_staleness_correction(self) -> None:
+        """Turn on the rollout correction ``model.sampling.async_rollout`` defaults to for stale samples
+        (:meth:`~lit_entropy.async_rollout.AsyncRolloutConfig.corrected`); nothing without it."""
+        config, loss = self.sampling.async_rollout, self.loss
+        correction = loss.rollout_correction if config is None else config.corrected(loss.rollout_correction)
+        if correction is not loss.rollout_correction:
+            # Frozen: the resolved correction is stored once, so checkpoints and HPARAMS show what ran.
+            object.__setattr__(self, "loss", replace(loss, rollout_correction=correction))
 
 
 _GROUP_TYPES: dict[str, type] = {
@@ -451,5 +480,4 @@ _GROUP_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "logging": LoggingConfig,
-    "multi_turn": MultiTurnConfig,
 }

@@ -18,6 +18,8 @@ _GROUP_FIELDS = {
     "logging": ("log_samples_every_n_steps", "num_logged_samples", "export_dir", "export_on_train_end"),
 }
 _TIS = "model.loss.rollout_correction.upper (with level: token, mode: truncate)"
+# Groups of their own until issue 33 moved them into model.sampling (they say how training rollouts are produced).
+_INTO_SAMPLING = ("multi_turn", "async_rollout")
 RENAMED_MODEL_KEYS: dict[str, str] = {
     "update.fuse_old_logprob_pass": "update.reuse_statistics_forward",
     "policy.fused_lm_head": "policy.blockwise_lm_head",
@@ -44,6 +46,7 @@ LEGACY_MODEL_KEYS: dict[str, str] = {
     "vllm_options": "model.rollout (class_path: lit_entropy.rollout.VLLMRolloutEngine, init_args: {...})",
     "rollout_engine": "model.rollout",
     "rollout_correction": "model.loss.rollout_correction",
+    **{group: f"model.sampling.{group}" for group in _INTO_SAMPLING},
     **{old: f"model.{new}" for old, new in RENAMED_MODEL_KEYS.items()},
 }
 """Old ``model.*`` keys (dotted below ``model``: flat 0.1 keys and renamed grouped ones) and today's setting."""
@@ -104,4 +107,8 @@ def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
         correction = {"level": "token", "mode": "truncate", "upper": threshold}
     if correction is not None and isinstance(out.setdefault("loss", {}), dict):
         out["loss"].setdefault("rollout_correction", correction)
+    for group in _INTO_SAMPLING:  # older checkpoints: groups of their own (null when off), now in model.sampling
+        value = out.pop(group, None)
+        if value is not None and isinstance(out.setdefault("sampling", {}), dict):
+            out["sampling"].setdefault(group, value)
     return out

@@ -223,6 +223,40 @@ def test_the_rollout_correction_group_moved_into_loss():
     assert RFTSettings.build(**settings.to_hparams()) == settings  # stored nested, read back nested
 
 
+@pytest.mark.parametrize("group", ["multi_turn", "async_rollout"])
+def test_the_rollout_mode_groups_moved_into_sampling(group):
+    """``model.multi_turn`` / ``model.async_rollout`` (groups of their own until issue 33) are refused in configs with
+    their new place in ``model.sampling``, and a checkpoint that stored them at the top carries them there."""
+    with pytest.raises(ValueError, match=re.escape(f"model.{group} -> model.sampling.{group} ")):
+        check_legacy_model_keys({group: {}}, "old.yaml")
+    check_legacy_model_keys({"sampling": {group: {}}}, "new.yaml")
+    value = {"tools": ["pkg.tools:add"], "max_turns": 2} if group == "multi_turn" else {"max_staleness": 0}
+    saved = {"sampling": {"num_samples": 4}, group: value, "ppo": None}
+    settings = RFTSettings.build(**saved)  # what a resumed run hands the module
+    config = getattr(settings.sampling, group)
+    assert dataclasses.asdict(config).items() >= value.items() and settings.sampling.num_samples == 4
+    assert saved[group] == value and "multi_turn" not in saved["sampling"]  # the checkpoint's dict is left alone
+    assert RFTSettings.build(**settings.to_hparams()) == settings  # stored nested, read back nested
+    off = {"multi_turn": None, "async_rollout": None}  # what every older checkpoint stored when off
+    assert RFTSettings.build(**off) == RFTSettings.build()
+
+
+def test_async_rollouts_turn_the_staleness_correction_on_once():
+    """A stale sample is weighed by default (token-level truncation at 2); the resolved correction is what HPARAMS
+    store, so a checkpoint reads back the same settings."""
+    from lit_entropy.async_rollout import STALENESS_CORRECTION, AsyncRolloutConfig
+
+    stale = RFTSettings.build(sampling={"async_rollout": AsyncRolloutConfig(max_staleness=1)})
+    assert stale.loss.rollout_correction == STALENESS_CORRECTION
+    assert RFTSettings.build(**stale.to_hparams()) == stale
+    for config in (AsyncRolloutConfig(max_staleness=0), AsyncRolloutConfig(max_staleness=1, correct_staleness=False)):
+        assert not RFTSettings.build(sampling={"async_rollout": config}).loss.rollout_correction.enabled
+    own = RolloutCorrectionConfig(level="sequence", mode="mask")
+    kept = RFTSettings.build(sampling={"async_rollout": {"max_staleness": 1}}, loss=LossConfig(rollout_correction=own))
+    assert kept.loss.rollout_correction == own
+    assert not RFTSettings.build().loss.rollout_correction.enabled
+
+
 def test_correction_refuses_a_policy_loss_without_token_weights():
     from lit_entropy.functional.registry import POLICY_LOSSES, register_policy_loss
 

@@ -1,4 +1,4 @@
-"""Multi-turn and tool-calling rollouts (``model.multi_turn``): environments, tools, tool-call parsers, and the
+"""Multi-turn and tool-calling rollouts (``model.sampling.multi_turn``): environments, tools, tool-call parsers, and the
 rollout loop that keeps environment tokens out of the loss and out of every statistic (docs/agents.md)."""
 
 from lit_entropy.agents.config import MultiTurnConfig

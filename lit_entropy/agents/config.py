@@ -1,4 +1,4 @@
-"""``model.multi_turn``: multi-turn and tool-calling rollouts (null = one completion per prompt)."""
+"""``model.sampling.multi_turn``: multi-turn and tool-calling rollouts (null = one completion per prompt)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from lit_entropy.functional.checks import check_number
 
 __all__ = ["REWARD_PLACEMENTS", "MultiTurnConfig"]
 
-#: Values of ``model.multi_turn.reward_placement``.
+#: Values of ``model.sampling.multi_turn.reward_placement``.
 REWARD_PLACEMENTS: tuple[str, ...] = ("last_token", "per_turn")
 
 
 @dataclass(frozen=True)
 class MultiTurnConfig:
-    """How a trajectory alternates between the policy and an environment (``model.multi_turn``).
+    """How a trajectory alternates between the policy and an environment (``model.sampling.multi_turn``).
 
     One trajectory per sampled row: the policy writes a turn (ended by EOS), the environment answers (tool results,
     or a text environment's observation), and so on, within one token budget, ``model.sampling.max_new_tokens``,
@@ -54,7 +54,7 @@ class MultiTurnConfig:
     (``grpo``, ``rloo``, ...) see the same sum either way."""
 
     def __post_init__(self) -> None:
-        prefix = "model.multi_turn."
+        prefix = "model.sampling.multi_turn."
         if self.reward_placement not in REWARD_PLACEMENTS:
             raise ValueError(
                 f"{prefix}reward_placement must be one of {REWARD_PLACEMENTS}, got {self.reward_placement!r}"

@@ -26,7 +26,7 @@ from lit_entropy.extensions import import_object
 
 __all__ = ["EnvironmentSession", "Environments", "TurnOutcome"]
 
-_SETTING = "model.multi_turn.environment"
+_SETTING = "model.sampling.multi_turn.environment"
 
 
 @dataclass
@@ -48,7 +48,8 @@ class TurnOutcome:
 
 
 class Environments:
-    """``model.multi_turn``'s environment class, tools and tool parser, resolved (import errors name the setting).
+    """``model.sampling.multi_turn``'s environment class, tools and tool parser, resolved (import errors name the
+    setting).
 
     Args:
         config: the settings.
@@ -62,8 +63,8 @@ class Environments:
         self.parser: ToolParser = resolve_tool_parser(config.tool_parser)
         if self.text and self.tools:
             raise ValueError(
-                f"{_SETTING} is a text environment (it has step) and model.multi_turn.tools is set: a text environment "
-                "takes no tool calls; drop the tools or use a tool environment"
+                f"{_SETTING} is a text environment (it has step) and model.sampling.multi_turn.tools is set: a text "
+                "environment takes no tool calls; drop the tools or use a tool environment"
             )
 
     def schemas(self) -> list[dict[str, Any]] | None:

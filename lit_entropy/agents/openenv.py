@@ -4,8 +4,9 @@ OpenEnv environments speak typed pydantic messages: ``reset(seed=..., episode_id
 ``step(action: Action) -> Observation``, where an observation carries ``done``, ``reward`` and the environment's own
 fields. A client (``SyncEnvClient`` over a server) answers the same calls with a ``StepResult(observation, reward,
 done)``. :class:`OpenEnvTextEnvironment` turns either into the gym-like text environment that
-``model.multi_turn.environment`` takes: the policy's turn becomes one field of the environment's action class, one
-field of each observation becomes the next user message, and the step's reward and ``done`` are the turn's.
+``model.sampling.multi_turn.environment`` takes: the policy's turn becomes one field of the environment's action
+class, one field of each observation becomes the next user message, and the step's reward and ``done`` are the
+turn's.
 
 Nothing here imports ``openenv``: the environment, its client and its action class are named by import path, so the
 adapter works with any object of that shape.
@@ -23,7 +24,7 @@ from lit_entropy.extensions import import_object
 
 __all__ = ["OpenEnvTextEnvironment"]
 
-_SETTING = "model.multi_turn.environment.init_args"
+_SETTING = "model.sampling.multi_turn.environment.init_args"
 #: Fields every OpenEnv observation has; the rest is the environment's own content.
 _BOOKKEEPING = frozenset({"done", "reward", "metadata"})
 

@@ -1,4 +1,4 @@
-"""Tool-call parsers: the tool calls written in one policy turn, by name (``model.multi_turn.tool_parser``).
+"""Tool-call parsers: the tool calls written in one policy turn, by name (``model.sampling.multi_turn.tool_parser``).
 
 A parser takes the decoded text of a turn and returns its :class:`ToolCall`\\ s in order; a call it cannot read
 (bad JSON, no name) is a :class:`ToolCall` with ``error`` set, so it is answered and counted as a tool error
@@ -77,13 +77,14 @@ TOOL_PARSERS: dict[str, ToolParser] = {"hermes": hermes_tool_calls}
 
 
 def register_tool_parser(name: str, parser: ToolParser) -> None:
-    """Make ``parser`` available as ``model.multi_turn.tool_parser: <name>`` (a name taken already is refused)."""
+    """Make ``parser`` available as ``model.sampling.multi_turn.tool_parser: <name>`` (a name taken already is
+    refused)."""
     if name in TOOL_PARSERS and TOOL_PARSERS[name] is not parser:
         raise ValueError(f"a tool parser named {name!r} is registered already")
     TOOL_PARSERS[name] = parser
 
 
-def resolve_tool_parser(spec: str, setting: str = "model.multi_turn.tool_parser") -> ToolParser:
+def resolve_tool_parser(spec: str, setting: str = "model.sampling.multi_turn.tool_parser") -> ToolParser:
     """The parser a setting names: a registered name or an import path ``pkg.module:function``."""
     if spec in TOOL_PARSERS:
         return TOOL_PARSERS[spec]

@@ -53,7 +53,7 @@ class Trajectory:
 
 
 class MultiTurnRollout:
-    """Rolls out ``model.multi_turn`` trajectories with a rollout engine.
+    """Rolls out ``model.sampling.multi_turn`` trajectories with a rollout engine.
 
     Args:
         config: the settings (environment, tools and parser are imported here: errors come before training).
@@ -65,20 +65,21 @@ class MultiTurnRollout:
         self.renderer: ConversationRenderer | None = None
 
     @classmethod
-    def of(cls, settings: Any, async_rollout: Any = None) -> MultiTurnRollout | None:
-        """The rollout of ``settings.multi_turn`` (None when unset). Under ``model.async_rollout`` the rollout worker
-        runs :meth:`generate` on its own copy of the policy (the Hugging Face engine; the asynchronous pipeline
-        refuses the vLLM engine's process); under ``model.sampling.filter_groups`` the fill keeps whole trajectories
-        (their environment masks and records) across generation batches."""
-        if settings.multi_turn is None:
-            return None
-        return cls(settings.multi_turn)
+    def of(cls, settings: Any) -> MultiTurnRollout | None:
+        """The rollout of ``settings.sampling.multi_turn`` (None when unset). Under ``model.sampling.async_rollout``
+        the rollout worker runs :meth:`generate` on its own copy of the policy (the Hugging Face engine; the
+        asynchronous pipeline refuses the vLLM engine's process); under ``model.sampling.filter_groups`` the fill
+        keeps whole trajectories (their environment masks and records) across generation batches."""
+        config = settings.sampling.multi_turn
+        return None if config is None else cls(config)
 
     def bind(self, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
         """At setup: the tokenizer, the EOS ids that end a turn, and the chat-template check (refuses a template
         that rewrites earlier turns)."""
         if not eos_token_ids:
-            raise ValueError("model.multi_turn needs an EOS token to end a policy turn; the tokenizer has none")
+            raise ValueError(
+                "model.sampling.multi_turn needs an EOS token to end a policy turn; the tokenizer has none"
+            )
         self.tokenizer, self.eos_ids = tokenizer, frozenset(eos_token_ids)
         schemas = self.environments.schemas()
         self.renderer = ConversationRenderer(tokenizer, list(eos_token_ids), self.config.chat_template, schemas)

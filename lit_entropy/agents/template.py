@@ -55,7 +55,7 @@ class ConversationRenderer:
         self.tokenizer = tokenizer
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or None
         self.name = (
-            "model.multi_turn.chat_template"
+            "model.sampling.multi_turn.chat_template"
             if chat_template
             else f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
         )
@@ -82,8 +82,8 @@ class ConversationRenderer:
 
     def _refuse(self, what: str) -> TemplateRewritesTurns:
         return TemplateRewritesTurns(
-            f"model.multi_turn: {self.name} {what}, so the tokens trained on would differ from the sampled ones; "
-            "set model.multi_turn.chat_template to a template that keeps earlier turns as a prefix"
+            f"model.sampling.multi_turn: {self.name} {what}, so the tokens trained on would differ from the sampled "
+            "ones; set model.sampling.multi_turn.chat_template to a template that keeps earlier turns as a prefix"
         )
 
     def _check(self) -> None:

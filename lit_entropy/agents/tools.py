@@ -1,6 +1,6 @@
 """Tools: typed Python callables with docstrings, their JSON schemas, and calling them for a policy turn.
 
-A tool is a function (``model.multi_turn.tools``) or a public method of a tool environment. Its schema is
+A tool is a function (``model.sampling.multi_turn.tools``) or a public method of a tool environment. Its schema is
 ``transformers.utils.get_json_schema`` of it (type hints + Google-style docstring), the form chat templates render
 with ``apply_chat_template(tools=...)``. A call runs on the training process; whatever it raises becomes an error
 message the policy reads (and a tool error in ``train/multi_turn/tool_error_rate``), never a crashed run.
@@ -17,7 +17,7 @@ from lit_entropy.extensions import import_object
 
 __all__ = ["TRUNCATION_MARKER", "ToolResult", "call_tool", "environment_tools", "load_tools", "tool_schemas"]
 
-#: Appended to a tool result cut at ``model.multi_turn.max_tool_response_tokens``.
+#: Appended to a tool result cut at ``model.sampling.multi_turn.max_tool_response_tokens``.
 TRUNCATION_MARKER = "...(truncated)"
 
 #: Methods of a tool environment that are its protocol, not tools.
@@ -31,7 +31,9 @@ class ToolResult(NamedTuple):
     is_error: bool
 
 
-def load_tools(specs: list[str] | None, setting: str = "model.multi_turn.tools") -> dict[str, Callable[..., Any]]:
+def load_tools(
+    specs: list[str] | None, setting: str = "model.sampling.multi_turn.tools"
+) -> dict[str, Callable[..., Any]]:
     """``{name: function}`` of the import paths ``specs`` (each ``pkg.module:function``), checked to be callable with
     distinct names."""
     tools: dict[str, Callable[..., Any]] = {}
@@ -58,7 +60,9 @@ def environment_tools(environment: Any) -> dict[str, Callable[..., Any]]:
     return out
 
 
-def tool_schemas(tools: Mapping[str, Callable[..., Any]], setting: str = "model.multi_turn") -> list[dict[str, Any]]:
+def tool_schemas(
+    tools: Mapping[str, Callable[..., Any]], setting: str = "model.sampling.multi_turn"
+) -> list[dict[str, Any]]:
     """The JSON schema of each tool (``transformers.utils.get_json_schema``); a tool without type hints or docstring
     is refused naming it."""
     from transformers.utils import get_json_schema  # noqa: PLC0415 - reason: transformers only where tools are used

@@ -1,6 +1,6 @@
-"""Asynchronous rollouts with bounded staleness (``model.async_rollout``): generation overlaps the update."""
+"""Asynchronous rollouts with bounded staleness (``model.sampling.async_rollout``): generation overlaps the update."""
 
-from lit_entropy.async_rollout.config import STALENESS_CORRECTION, AsyncRolloutConfig, staleness_settings
+from lit_entropy.async_rollout.config import STALENESS_CORRECTION, AsyncRolloutConfig
 from lit_entropy.async_rollout.pipeline import AsyncRollouts, RolloutSource, SynchronousRollouts, rollout_source
 from lit_entropy.async_rollout.worker import RolloutWorker, RolloutWorkerError, RolloutWorkerHung
 
@@ -14,5 +14,4 @@ __all__ = [
     "RolloutWorkerHung",
     "SynchronousRollouts",
     "rollout_source",
-    "staleness_settings",
 ]

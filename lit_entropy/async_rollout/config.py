@@ -1,16 +1,16 @@
-"""``model.async_rollout``: generate the next batches while the trainer updates, within a bound on staleness."""
+"""``model.sampling.async_rollout``: generate the next batches while the trainer updates, within a bound on staleness.
+
+A part of the training rollouts' settings (:class:`~lit_entropy.settings.TrainingSamplingConfig`), which turn on
+the rollout correction this mode defaults to (:meth:`AsyncRolloutConfig.corrected`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from lit_entropy.functional.checks import check_number
 from lit_entropy.rollout.correction import RolloutCorrectionConfig
-from lit_entropy.settings import RFTSettings
 
-__all__ = ["STALENESS_CORRECTION", "AsyncRolloutConfig", "staleness_settings"]
+__all__ = ["STALENESS_CORRECTION", "AsyncRolloutConfig"]
 
 #: The rollout correction a run with ``max_staleness > 0`` gets when ``model.loss.rollout_correction.level`` is
 #: null: token-level truncated importance weights ``min(pi_current / pi_sampled, 2)`` (TIS, as NeMo-RL's async
@@ -28,7 +28,7 @@ class AsyncRolloutConfig:
 
     max_staleness: int = 1
     """Most policy versions (trained batches) between the weights a batch was sampled with and the weights it
-    trains: 0 = synchronous (the same samples and weights as ``model.async_rollout: null``), 1 = one-step
+    trains: 0 = synchronous (the same samples and weights as ``model.sampling.async_rollout: null``), 1 = one-step
     off-policy (verl's ``one_step_off_policy``)."""
     max_inflight: int = 1
     """Batches the worker generates ahead of the one being trained, capped at ``max_staleness`` (a deeper queue
@@ -50,7 +50,7 @@ class AsyncRolloutConfig:
     only, the trainer's is its own; null = the process's setting."""
 
     def __post_init__(self) -> None:
-        prefix = "model.async_rollout."
+        prefix = "model.sampling.async_rollout."
         check_number(f"{prefix}max_staleness", self.max_staleness, low=0, integer=True)
         check_number(f"{prefix}max_inflight", self.max_inflight, low=1, integer=True)
         check_number(f"{prefix}weight_sync_steps", self.weight_sync_steps, low=1, integer=True)
@@ -62,17 +62,6 @@ class AsyncRolloutConfig:
                 f"older than {prefix}max_staleness={self.max_staleness} allows with {self.depth} batch(es) in "
                 f"flight: at most {self.max_sync_interval}"
             )
-
-    @classmethod
-    def of(cls, value: AsyncRolloutConfig | Mapping[str, Any] | None) -> AsyncRolloutConfig | None:
-        """The config, from itself, a plain mapping (checkpoints and HPARAMS store it as a dict) or None."""
-        return cls(**value) if isinstance(value, Mapping) else value
-
-    @staticmethod
-    def hparams(config: AsyncRolloutConfig | None) -> dict[str, Any]:
-        """``{"async_rollout": its fields}`` for HPARAMS and checkpoints (None when off: every group of the module
-        is in HPARAMS, as ``model.multi_turn`` and ``model.ppo`` are)."""
-        return {"async_rollout": None if config is None else asdict(config)}
 
     @property
     def depth(self) -> int:
@@ -91,26 +80,3 @@ class AsyncRolloutConfig:
         if self.max_staleness == 0 or not self.correct_staleness or correction.enabled:
             return correction
         return replace(STALENESS_CORRECTION, kept_set_logprobs=correction.kept_set_logprobs)
-
-
-def staleness_settings(settings: RFTSettings, config: AsyncRolloutConfig | None) -> RFTSettings:
-    """``settings`` with the rollout correction this mode defaults to (:meth:`AsyncRolloutConfig.corrected`);
-    unchanged without ``model.async_rollout``.
-
-    Raises:
-        ValueError: ``model.async_rollout`` with ``model.sampling.filter_groups`` (a step without an update would
-            leave a taken batch untrained: not supported yet).
-    """
-    if config is None:
-        return settings
-    if settings.sampling.filter_groups:
-        raise ValueError(
-            "model.async_rollout with model.sampling.filter_groups=true is not supported yet: set one of them off"
-        )
-    loss = settings.loss
-    correction = config.corrected(loss.rollout_correction)
-    return (
-        settings
-        if correction is loss.rollout_correction
-        else replace(settings, loss=replace(loss, rollout_correction=correction))
-    )

@@ -1,6 +1,6 @@
 """Where a training step's rollout comes from: generated in the step itself, or by a worker ahead of the trainer.
 
-:class:`SynchronousRollouts` is ``model.async_rollout: null``: push the weights, generate the step's own batch.
+:class:`SynchronousRollouts` is ``model.sampling.async_rollout: null``: push the weights, generate the step's own batch.
 :class:`AsyncRollouts` sends each step's prompts to a :class:`~lit_entropy.async_rollout.worker.RolloutWorker`
 (a thread with its own copy of the policy) and trains on the batch sent ``depth`` steps earlier, which the
 worker generated while the trainer updated. Versions count trained batches; a batch sent at version ``v`` trains
@@ -31,15 +31,15 @@ from transformers import AutoModelForCausalLM
 from lit_entropy.async_rollout.config import AsyncRolloutConfig
 from lit_entropy.async_rollout.worker import RolloutWorker, Sampled
 from lit_entropy.distributed.collectives import all_gather_counts, all_gather_objects, is_distributed
-from lit_entropy.rollout.base import RolloutBatch, RolloutEngine
+from lit_entropy.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig
 from lit_entropy.rollout.hf import HFRolloutEngine
 from lit_entropy.rollout.process import ProcessRolloutEngine, weight_snapshot
 from lit_entropy.rollout.vllm import VLLMRolloutEngine
-from lit_entropy.settings import RFTSettings
 
 __all__ = [
     "CHECKPOINT_KEY",
     "AsyncRollouts",
+    "HostSettings",
     "RolloutHost",
     "RolloutSource",
     "SynchronousRollouts",
@@ -52,13 +52,21 @@ Batch = dict[str, Any]
 CHECKPOINT_KEY = "lit_entropy_async_rollout"
 
 
+class HostSettings(Protocol):
+    """What a rollout source reads of its host's settings (:class:`~lit_entropy.settings.RFTSettings`, which hold
+    this package's own settings group: the package cannot import them)."""
+
+    @property
+    def sampling(self) -> SamplingConfig: ...
+
+
 class RolloutHost(Protocol):
     """What a rollout source reads of the :class:`~lit_entropy.module.RFTModule` it serves."""
 
     policy: nn.Module | None
     rollout_engine: RolloutEngine
-    settings: RFTSettings
-    multi_turn: Any  # model.multi_turn's MultiTurnRollout, or None
+    settings: HostSettings
+    multi_turn: Any  # model.sampling.multi_turn's MultiTurnRollout, or None
 
     @property
     def device(self) -> torch.device: ...
@@ -88,8 +96,8 @@ class RolloutSource(Protocol):
 
 
 class SynchronousRollouts:
-    """``model.async_rollout: null``: each step pushes the weights (engines that keep their own) and samples its own
-    batch from the current policy."""
+    """``model.sampling.async_rollout: null``: each step pushes the weights (engines that keep their own) and samples
+    its own batch from the current policy."""
 
     def take(self, host: RolloutHost, batch: Batch) -> tuple[Batch, RolloutBatch]:
         """The step's batch and its rollout (a resumed run's engine may hold the disk's weights: pushed if so)."""
@@ -111,8 +119,8 @@ class SynchronousRollouts:
         (with a warning)."""
         if checkpoint.get(CHECKPOINT_KEY):
             rank_zero_warn(
-                "lit_entropy: the checkpoint holds prompts in flight of model.async_rollout, which this run does not "
-                "set: they are not trained on"
+                "lit_entropy: the checkpoint holds prompts in flight of model.sampling.async_rollout, which this run "
+                "does not set: they are not trained on"
             )
 
     def close(self) -> None:
@@ -136,7 +144,7 @@ class Pending:
 
 def _policy(host: RolloutHost) -> nn.Module:
     if host.policy is None:
-        raise RuntimeError("model.async_rollout: the policy is not loaded yet (configure_model has not run)")
+        raise RuntimeError("model.sampling.async_rollout: the policy is not loaded yet (configure_model has not run)")
     return host.policy
 
 
@@ -168,8 +176,8 @@ def _to(batch: Batch, device: torch.device | None) -> Batch:
 
 
 class AsyncRollouts:
-    """``model.async_rollout``: a worker generates ahead; the trainer trains on batches at most ``max_staleness``
-    versions old (see the module docstring).
+    """``model.sampling.async_rollout``: a worker generates ahead; the trainer trains on batches at most
+    ``max_staleness`` versions old (see the module docstring).
 
     Args:
         config: the settings group.
@@ -206,9 +214,10 @@ class AsyncRollouts:
         if isinstance(engine, ProcessRolloutEngine):
             if multi_turn is not None:
                 raise ValueError(
-                    "model.async_rollout with model.multi_turn runs the environment loop in the worker thread, on the "
-                    "Hugging Face engine only: the vLLM engine's process samples single completions; leave "
-                    "model.rollout unset (Hugging Face generate) or set model.async_rollout: null"
+                    "model.sampling.async_rollout with model.sampling.multi_turn runs the environment loop in the "
+                    "worker thread, on the Hugging Face engine only: the vLLM engine's process samples single "
+                    "completions; leave model.rollout unset (Hugging Face generate) or set "
+                    "model.sampling.async_rollout: null"
                 )
             engine.current_version = self.version
             hosted = engine
@@ -279,7 +288,7 @@ class AsyncRollouts:
         if not 0 <= staleness <= self.config.max_staleness:
             raise RuntimeError(
                 f"a batch of version {generated.version} reached the trainer at version {self.version}: outside "
-                f"model.async_rollout.max_staleness={self.config.max_staleness}"
+                f"model.sampling.async_rollout.max_staleness={self.config.max_staleness}"
             )
         self.stats = {
             "staleness_mean": float(staleness), "staleness_max": float(staleness), "trainer_wait_s": waited,
@@ -330,8 +339,8 @@ class AsyncRollouts:
         rank_zero_warn(
             f"lit_entropy: the run ran out of data (trainer.max_epochs={epochs}) with {batches} batch(es) "
             f"({prompts} prompts per rank) sent to the rollout worker and not trained on "
-            f"(model.async_rollout keeps {self.config.depth} in flight); a checkpoint written at the end holds them and "
-            f"a run resumed from it trains them first. {recipe}"
+            f"(model.sampling.async_rollout keeps {self.config.depth} in flight); a checkpoint written at the end "
+            f"holds them and a run resumed from it trains them first. {recipe}"
         )
 
     def commit(self) -> None:
@@ -369,11 +378,11 @@ class AsyncRollouts:
 
 def rollout_source(config: AsyncRolloutConfig | None, engine: RolloutEngine) -> tuple[RolloutSource, RolloutEngine]:
     """The rollout source and the engine the module uses: :class:`SynchronousRollouts` and ``engine`` without
-    ``model.async_rollout``; with it :class:`AsyncRollouts`, and the vLLM engine moved into a process of its own
-    (:class:`~lit_entropy.rollout.process.ProcessRolloutEngine`, started by the module's ``setup``).
+    ``model.sampling.async_rollout``; with it :class:`AsyncRollouts`, and the vLLM engine moved into a process of its
+    own (:class:`~lit_entropy.rollout.process.ProcessRolloutEngine`, started by the module's ``setup``).
 
     Raises:
-        ValueError: ``model.async_rollout`` with an engine other than Hugging Face ``generate`` or vLLM.
+        ValueError: ``model.sampling.async_rollout`` with an engine other than Hugging Face ``generate`` or vLLM.
     """
     if config is None:
         return SynchronousRollouts(), engine
@@ -381,8 +390,8 @@ def rollout_source(config: AsyncRolloutConfig | None, engine: RolloutEngine) -> 
         return AsyncRollouts(config), ProcessRolloutEngine(engine, threads=config.worker_threads)
     if not isinstance(engine, HFRolloutEngine):
         raise ValueError(
-            f"model.async_rollout needs model.rollout: null (Hugging Face generate on the worker's copy of the "
-            f"policy) or a VLLMRolloutEngine (in a process of its own); model.rollout={type(engine).__name__} is "
+            f"model.sampling.async_rollout needs model.rollout: null (Hugging Face generate on the worker's copy of "
+            f"the policy) or a VLLMRolloutEngine (in a process of its own); model.rollout={type(engine).__name__} is "
             "not supported in this mode"
         )
     return AsyncRollouts(config), engine

@@ -32,7 +32,7 @@ class RolloutWorkerError(RuntimeError):
 
 
 class RolloutWorkerHung(RuntimeError):
-    """The rollout worker delivered nothing within ``model.async_rollout.worker_timeout_s``."""
+    """The rollout worker delivered nothing within ``model.sampling.async_rollout.worker_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ class RolloutWorker:
                     raise RolloutWorkerError("the rollout worker thread ended without a result") from None
                 if time.monotonic() >= deadline:
                     raise RolloutWorkerHung(
-                        f"model.async_rollout.worker_timeout_s={timeout_s:g}: the rollout worker delivered no batch "
-                        f"in {timeout_s:g} s; it is at:\n{self.stack()}"
+                        f"model.sampling.async_rollout.worker_timeout_s={timeout_s:g}: the rollout worker delivered "
+                        f"no batch in {timeout_s:g} s; it is at:\n{self.stack()}"
                     ) from None
                 continue
             if isinstance(item, _Failure):

@@ -1,4 +1,4 @@
-"""Ready-made environments and tasks for multi-turn rollouts (``model.multi_turn``), the agent demonstrations':
+"""Ready-made environments and tasks for multi-turn rollouts (``model.sampling.multi_turn``), the agent demonstrations':
 
 - :mod:`~lit_entropy.environments.calculator`: two-operand arithmetic with a ``calculate`` tool (a tool
   environment, TRL's ``environment_factory`` duck type);

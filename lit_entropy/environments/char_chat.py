@@ -4,7 +4,7 @@ The embedded model's tokenizer (:func:`lit_entropy.data.build_char_tokenizer`) k
 so it cannot write a Hermes tool call. This one adds the lowercase letters and the JSON punctuation a call
 needs, and the four Hermes tags ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>`` as
 single (non-special) tokens, as Qwen2.5's tokenizer has them: a call costs ~57 tokens instead of ~79, and the
-decoded text is the usual Hermes text that ``model.multi_turn.tool_parser: hermes`` reads.
+decoded text is the usual Hermes text that ``model.sampling.multi_turn.tool_parser: hermes`` reads.
 
 Its chat template is plain concatenation, so every conversation renders as a prefix of its continuations (what
 multi-turn rollouts require of a template): a user or system message is its content, an assistant message its

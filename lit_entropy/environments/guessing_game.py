@@ -1,7 +1,7 @@
 """A higher/lower guessing game as a text environment: the policy guesses a hidden number, the game says
 ``higher`` or ``lower``, and solving in fewer turns pays more.
 
-A text environment in the gym-like shape multi-turn rollouts take (``model.multi_turn.environment``):
+A text environment in the gym-like shape multi-turn rollouts take (``model.sampling.multi_turn.environment``):
 ``reset(row) -> observation``, ``step(text) -> (observation, reward, done)``. One instance plays one trajectory.
 The hidden number is the row's ``answer``, in ``low..high`` (the row's ``low`` / ``high`` when it has them, else
 the game's). A guess is the first integer of the policy's turn; a turn without one is answered ``invalid`` and

@@ -1,4 +1,4 @@
-"""A rollout engine in a process of its own: how ``model.async_rollout`` runs the vLLM engine.
+"""A rollout engine in a process of its own: how ``model.sampling.async_rollout`` runs the vLLM engine.
 
 The trainer keeps a :class:`ProcessRolloutEngine`, a client. It spawns one child process that builds the wrapped
 engine (a :class:`~lit_entropy.rollout.vllm.VLLMRolloutEngine` with the user's settings, in-process inside the

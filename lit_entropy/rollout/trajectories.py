@@ -15,9 +15,9 @@ __all__ = ["STOP_REASONS", "Trajectories"]
 _TENSORS = ("turns", "tool_calls", "tool_errors", "stop_reasons", "environment_rewards")
 
 STOP_REASONS: tuple[str, ...] = ("eos", "max_turns", "length", "done")
-"""Why a trajectory ended: the policy answered without a tool call (``eos``), ``model.multi_turn.max_turns`` was
-reached, the token budget ran out (``length``: truncated, never scored as finished under ``mask_truncated``), the
-text environment said ``done``."""
+"""Why a trajectory ended: the policy answered without a tool call (``eos``),
+``model.sampling.multi_turn.max_turns`` was reached, the token budget ran out (``length``: truncated, never scored as
+finished under ``mask_truncated``), the text environment said ``done``."""
 
 
 @dataclass
@@ -33,8 +33,9 @@ class Trajectories:
             environment's ``get_reward()``), added to the reward function's.
         conversations: each row's messages after the prompt (``assistant``, ``tool``, ``user``), as decoded text.
         environments: each row's environment instance (None for tools only), for reward functions.
-        turn_rewards: under ``model.multi_turn.reward_placement: per_turn``, each row's text-environment rewards as
-            ``(response column of the turn's last policy token, reward)``; None otherwise (all on the last token).
+        turn_rewards: under ``model.sampling.multi_turn.reward_placement: per_turn``, each row's text-environment
+            rewards as ``(response column of the turn's last policy token, reward)``; None otherwise (all on the last
+            token).
     """
 
     turns: Tensor

@@ -84,8 +84,8 @@ def add_greedy_baselines(
     The baseline gets the overlong penalty (``model.reward.overlong_buffer``) as the samples do, so ``r - b``
     compares one reward with another. The greedy rows enter no loss and no statistic but ``train/reward/greedy``.
     The step calls it for the prompts an update trains on (after dynamic sampling's filter, and under
-    ``model.async_rollout`` with the current policy: a baseline that depends on the prompt only leaves the policy
-    gradient unbiased, whichever policy produced it).
+    ``model.sampling.async_rollout`` with the current policy: a baseline that depends on the prompt only leaves the
+    policy gradient unbiased, whichever policy produced it).
 
     Args:
         batch: the prompts (``input_ids``, ``attention_mask``, ``answers``).

@@ -40,7 +40,8 @@ class ModelLifecycle(LightningModule):
     settings: RFTSettings
     model_name_or_path: str
     rollout_engine: RolloutEngine
-    rollouts: RolloutSource  # where a step's rollout comes from (model.async_rollout: a worker thread to close)
+    # Where a step's rollout comes from (model.sampling.async_rollout: a worker thread to close).
+    rollouts: RolloutSource
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,7 +53,7 @@ class ModelLifecycle(LightningModule):
         self.tokenizer: Any = None
         self.stop_ids: tuple[int, ...] = ()  # EOS ids of setup: the tokenizer's and the generation config's
         self.owns_rollout_engine = False  # this module started the engine, so it closes it
-        self.multi_turn: MultiTurnRollout | None = None  # model.multi_turn's rollout (set by the module)
+        self.multi_turn: MultiTurnRollout | None = None  # model.sampling.multi_turn's rollout (set by the module)
         self.export_path: str | None = None
         self._own_callbacks: list[Callback] | None = None
 
@@ -136,7 +137,7 @@ class ModelLifecycle(LightningModule):
         return missing_callbacks(attached_trainer(self), self._own_callbacks)
 
     def on_train_end(self) -> None:
-        self.rollouts.on_train_end(attached_trainer(self))  # model.async_rollout: a run that ran out of epochs
+        self.rollouts.on_train_end(attached_trainer(self))  # model.sampling.async_rollout: a run that ran out of epochs
         if self.settings.logging.export_on_train_end and exports_at_train_end(self.settings.logging, self.trainer):
             self.export_pretrained()
 

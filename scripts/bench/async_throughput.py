@@ -1,15 +1,15 @@
 """Throughput of asynchronous rollouts: seconds per step and generated tokens per second at
-``model.async_rollout.max_staleness`` 0, 1 and 2, interleaved round by round in one process.
+``model.sampling.async_rollout.max_staleness`` 0, 1 and 2, interleaved round by round in one process.
 
 The model is ``scripts.bench.step``'s realistic shape (a random Qwen2 with Qwen2.5's 151,936-token vocabulary,
 hidden 256, 2 layers, head_dim 64, tied head; ``--vocab-size`` / ``--hidden-size`` / ``--num-layers`` change it),
 rewards the hashed coin (varied groups, so every step updates), the HF engine (``model.rollout: null``) or with
-``--engine vllm`` the vLLM engine, which ``model.async_rollout`` runs in a process of its own (float32, a fixed
+``--engine vllm`` the vLLM engine, which ``model.sampling.async_rollout`` runs in a process of its own (float32, a fixed
 ``--kv-cache-mib`` KV cache; staleness 0 then waits for the engine process, which has all threads too).
 Staleness 0 is the synchronous loop (bit for bit) with every thread on each phase in turn (``--threads``);
-staleness 1 and 2 split the threads, ``model.async_rollout.worker_threads`` = ``--threads`` / 2 (PyTorch's count is
-process-wide: the trainer's thread and the worker's each run regions of that many threads). Each round runs the
-three settings in turn, ``--warmup`` measured-out updates then ``--steps`` timed ones; a step's time is the wall
+staleness 1 and 2 split the threads, ``model.sampling.async_rollout.worker_threads`` = ``--threads`` / 2 (PyTorch's
+count is process-wide: the trainer's thread and the worker's each run regions of that many threads). Each round runs
+the three settings in turn, ``--warmup`` measured-out updates then ``--steps`` timed ones; a step's time is the wall
 time between the ends of two consecutive updates, its tokens the response tokens of the batch it trained.
 
     nice python -m scripts.bench.async_throughput --rounds 2 --warmup 2 --steps 4 --threads 2
@@ -38,8 +38,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lit_entropy.async_rollout import AsyncRolloutConfig
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
-from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
+from lit_entropy.rollout import VLLMRolloutEngine
+from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, TrainingSamplingConfig, UpdateConfig
 from scripts.bench.step import build_realistic_model, hashed_coin_reward, model_shape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,11 +86,12 @@ def measure(model_dir: Path, staleness: int, args: argparse.Namespace) -> dict[s
     module = RFTModule(
         PolicyConfig(str(model_dir)),
         rollout=rollout,
-        sampling=SamplingConfig(num_samples=args.group_size, max_new_tokens=args.max_new_tokens),
+        sampling=TrainingSamplingConfig(
+            num_samples=args.group_size, max_new_tokens=args.max_new_tokens, async_rollout=config
+        ),
         update=UpdateConfig(epochs=1),
         optim=OptimConfig(lr=1e-5),
         logging=LoggingConfig(export_on_train_end=False),
-        async_rollout=config,
     )
     module.reward_fn = hashed_coin_reward
     clock = StepClock()

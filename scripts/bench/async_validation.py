@@ -1,5 +1,5 @@
 """Validation curves of the embedded default, synchronous (``max_staleness: 0``, the same run bit for bit) against
-one-step off-policy (``model.async_rollout.max_staleness: 1``), over several seeds.
+one-step off-policy (``model.sampling.async_rollout.max_staleness: 1``), over several seeds.
 
 Each run is ``lit-entropy fit --config configs/grpo_tiny.yaml --seed_everything SEED`` in its own process (niced,
 ``--threads`` intra-op threads), with validation every ``--val-every`` steps on the first ``--val-examples`` prompts
@@ -24,7 +24,7 @@ from pathlib import Path
 from scripts.docs.run_summary import read_scalars
 
 REPO = Path(__file__).resolve().parents[2]
-SETTINGS = {"staleness 0": [], "staleness 1": ["--model.async_rollout.max_staleness", "1"]}
+SETTINGS = {"staleness 0": [], "staleness 1": ["--model.sampling.async_rollout.max_staleness", "1"]}
 
 __all__ = ["main", "run_curve"]
 

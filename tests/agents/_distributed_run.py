@@ -133,13 +133,16 @@ def run(model: str, out: str, devices: int, strategy: str, global_batch: int = 4
     tok = AutoTokenizer.from_pretrained(model)
     module = RFTModule(
         PolicyConfig(model),
-        sampling=TrainingSamplingConfig(num_samples=4, max_new_tokens=48),
+        sampling=TrainingSamplingConfig(
+            num_samples=4,
+            max_new_tokens=48,
+            multi_turn=MultiTurnConfig(
+                environment="tests.agents._agents:Guess", max_turns=MAX_TURNS, chat_template=CHAT_TEMPLATE
+            ),
+        ),
         optim=OptimConfig(lr=1e-2),
         rollout=ContextSeededSampler(tok.eos_token_id, tok.pad_token_id),
         logging=LoggingConfig(export_on_train_end=False),
-        multi_turn=MultiTurnConfig(
-            environment="tests.agents._agents:Guess", max_turns=MAX_TURNS, chat_template=CHAT_TEMPLATE
-        ),
     )
     module.reward_fn = digit_reward
     data = PromptDataModule(

@@ -1,6 +1,6 @@
-"""``model.multi_turn`` with ``model.async_rollout``: the rollout worker runs the environment loop on its own copy of
-the policy; at staleness 0 the run is the synchronous one bit for bit, at staleness 1 each batch trains one version
-late."""
+"""``model.sampling.multi_turn`` with ``model.sampling.async_rollout``: the rollout worker runs the environment loop on
+its own copy of the policy; at staleness 0 the run is the synchronous one bit for bit, at staleness 1 each batch trains
+one version late."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from lit_entropy.assets import TINY_MODEL_DIR
 from lit_entropy.async_rollout import AsyncRolloutConfig
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig
-from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig
+from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, TrainingSamplingConfig
 from tests._trained_prompts import TrainedPrompts
 
 BATCHES = 3
@@ -33,11 +32,14 @@ def _fit(root, async_rollout=None):
     model_dir = str(TINY_MODEL_DIR.with_name("tiny-qwen2-guess"))
     module = RFTModule(
         PolicyConfig(model_dir),
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=48),
+        sampling=TrainingSamplingConfig(
+            num_samples=4,
+            max_new_tokens=48,
+            multi_turn=MultiTurnConfig(environment="lit_entropy.environments.guessing_game:GuessingGame", max_turns=6),
+            async_rollout=async_rollout,
+        ),
         optim=OptimConfig(lr=1e-2),
         logging=LoggingConfig(export_on_train_end=False),
-        async_rollout=async_rollout,
-        multi_turn=MultiTurnConfig(environment="lit_entropy.environments.guessing_game:GuessingGame", max_turns=6),
     )
     data = PromptDataModule(
         tokenizer_name_or_path=model_dir, train_dataset="lit_entropy.environments.guessing_game:train_rows",

@@ -1,4 +1,4 @@
-"""``model.multi_turn`` with ``model.sampling.filter_groups`` (DAPO dynamic sampling): the fill keeps whole
+"""``model.sampling.multi_turn`` with ``model.sampling.filter_groups`` (DAPO dynamic sampling): the fill keeps whole
 trajectories (environment masks, records, per-turn rewards) across generation batches and through a checkpoint."""
 
 from __future__ import annotations
@@ -68,10 +68,15 @@ def test_a_fit_with_dynamic_sampling_trains_informative_multi_turn_groups(tmp_pa
     model_dir = str(TINY_MODEL_DIR.with_name("tiny-qwen2-guess"))
     module = RFTModule(
         PolicyConfig(model_dir),
-        sampling=TrainingSamplingConfig(num_samples=4, max_new_tokens=48, filter_groups=True, max_gen_batches=4),
+        sampling=TrainingSamplingConfig(
+            num_samples=4,
+            max_new_tokens=48,
+            filter_groups=True,
+            max_gen_batches=4,
+            multi_turn=MultiTurnConfig(environment="lit_entropy.environments.guessing_game:GuessingGame", max_turns=6),
+        ),
         optim=OptimConfig(lr=1e-3),
         logging=LoggingConfig(export_on_train_end=False),
-        multi_turn=MultiTurnConfig(environment="lit_entropy.environments.guessing_game:GuessingGame", max_turns=6),
     )
     data = PromptDataModule(
         tokenizer_name_or_path=model_dir, train_dataset="lit_entropy.environments.guessing_game:train_rows",

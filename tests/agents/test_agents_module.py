@@ -1,4 +1,4 @@
-"""``model.multi_turn`` in RFTModule and the CLI: settings parse, bad ones fail before training, a fit runs."""
+"""``model.sampling.multi_turn`` in RFTModule and the CLI: settings parse, bad ones fail before training, a fit runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ from lit_entropy.cli import cli_main
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.models.tiny import save_tiny_model
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, LossConfig, OptimConfig, PolicyConfig
+from lit_entropy.settings import (
+    EvaluationConfig,
+    LoggingConfig,
+    LossConfig,
+    OptimConfig,
+    PolicyConfig,
+    TrainingSamplingConfig,
+)
 from tests.agents._agents import CHAT_TEMPLATE, REWRITING_TEMPLATE, chat_tokenizer
 
 
@@ -22,58 +28,66 @@ def chat_model_dir(tmp_path_factory):
     return str(save_tiny_model(tmp_path_factory.mktemp("chat_fit"), chat_tokenizer()))
 
 
-def test_the_cli_reads_model_multi_turn_in_both_environment_forms(tmp_path, monkeypatch, chat_model_dir):
+def test_the_cli_reads_model_sampling_multi_turn_in_both_environment_forms(tmp_path, monkeypatch, chat_model_dir):
     monkeypatch.chdir(tmp_path)
     env = {"class_path": "tests.agents._agents.Calculator", "init_args": {"bonus": 0.5}}  # dotted, as Lightning
     config = {
         "model": {
             "policy": {"model_name_or_path": chat_model_dir},
-            "multi_turn": {"environment": env, "tools": ["tests.agents._agents:add"], "max_turns": 2},
+            "sampling": {"multi_turn": {"environment": env, "tools": ["tests.agents._agents:add"], "max_turns": 2}},
         }
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     cli = cli_main(["--config", "c.yaml", "--trainer.accelerator=cpu"], run=False)
-    assert cli.model.settings.multi_turn == MultiTurnConfig(env, ["tests.agents._agents:add"], max_turns=2)
+    assert cli.model.settings.sampling.multi_turn == MultiTurnConfig(env, ["tests.agents._agents:add"], max_turns=2)
     assert cli.model.multi_turn.environments.session().environment.bonus == 0.5
     cli = cli_main(
-        ["--model.multi_turn.environment=tests.agents._agents:Guess", "--trainer.accelerator=cpu"], run=False
+        ["--model.sampling.multi_turn.environment=tests.agents._agents:Guess", "--trainer.accelerator=cpu"], run=False
     )
     assert cli.model.multi_turn.environments.text
 
 
 def test_an_environment_argument_overridden_on_the_command_line_reaches_init_args(tmp_path, monkeypatch):
-    """jsonargparse hands ``--model.multi_turn.environment.init_args.max_turns=4`` to the dict setting as a key beside
-    ``class_path``: it is an init argument, over the config's."""
+    """jsonargparse hands ``--model.sampling.multi_turn.environment.init_args.max_turns=4`` to the dict setting as a
+    key beside ``class_path``: it is an init argument, over the config's."""
     monkeypatch.chdir(tmp_path)
     env = {"class_path": "lit_entropy.environments.guessing_game.GuessingGame", "init_args": {"max_turns": 6}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"multi_turn": {"environment": env}}}))
-    args = ["--config", "c.yaml", "--model.multi_turn.environment.init_args.max_turns=4", "--trainer.accelerator=cpu"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"sampling": {"multi_turn": {"environment": env}}}}))
+    args = [
+        "--config",
+        "c.yaml",
+        "--model.sampling.multi_turn.environment.init_args.max_turns=4",
+        "--trainer.accelerator=cpu",
+    ]
     cli = cli_main(args, run=False)
-    assert cli.model.settings.multi_turn.environment["init_args"] == {"max_turns": 4}
+    assert cli.model.settings.sampling.multi_turn.environment["init_args"] == {"max_turns": 4}
     assert cli.model.multi_turn.environments.session().environment.max_turns == 4
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_turns": 0}, "model.multi_turn.max_turns"),
-        ({"environment": "tests.agents._agents:Nope"}, "model.multi_turn.environment"),
-        ({"environment": None, "tools": None}, "model.multi_turn.environment and model.multi_turn.tools"),
-        ({"tool_parser": "pythonic"}, "model.multi_turn.tool_parser"),
+        ({"max_turns": 0}, "model.sampling.multi_turn.max_turns"),
+        ({"environment": "tests.agents._agents:Nope"}, "model.sampling.multi_turn.environment"),
+        ({"environment": None, "tools": None}, "multi_turn.environment and model.sampling.multi_turn.tools"),
+        ({"tool_parser": "pythonic"}, "model.sampling.multi_turn.tool_parser"),
         ({"environment": "tests.agents._agents:Guess", "tools": ["tests.agents._agents:add"]}, "text environment"),
     ],
 )
 def test_bad_settings_fail_at_construction_naming_the_setting(settings, message):
     with pytest.raises(ValueError, match=message):
-        RFTModule(multi_turn=MultiTurnConfig(**{"environment": "tests.agents._agents:Calculator", **settings}))
+        config = MultiTurnConfig(**{"environment": "tests.agents._agents:Calculator", **settings})
+        RFTModule(sampling=TrainingSamplingConfig(multi_turn=config))
 
 
 def test_a_template_that_rewrites_turns_is_refused_at_setup(chat_model_dir):
     module = RFTModule(
         policy=PolicyConfig(chat_model_dir),
-        multi_turn=MultiTurnConfig(environment="tests.agents._agents:Guess", chat_template=REWRITING_TEMPLATE),
+        sampling=TrainingSamplingConfig(
+            multi_turn=MultiTurnConfig(environment="tests.agents._agents:Guess", chat_template=REWRITING_TEMPLATE)
+        ),
     )
-    with pytest.raises(ValueError, match="model.multi_turn.chat_template rewrites earlier turns"):
+    with pytest.raises(ValueError, match="model.sampling.multi_turn.chat_template rewrites earlier turns"):
         module.setup("fit")
 
 
@@ -90,14 +104,17 @@ def test_a_short_fit_with_an_environment(chat_model_dir, tmp_path, environment, 
     module = RFTModule(
         policy=PolicyConfig(chat_model_dir),
         algorithm=algorithm,
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=24),
+        sampling=TrainingSamplingConfig(
+            num_samples=4,
+            max_new_tokens=24,
+            multi_turn=MultiTurnConfig(
+                environment=environment, max_turns=3, chat_template=CHAT_TEMPLATE, reward_placement=placement
+            ),
+        ),
         optim=OptimConfig(lr=1e-3),
         evaluation=EvaluationConfig(num_samples=2),
         loss=LossConfig(mask_truncated=True),
         logging=LoggingConfig(log_samples_every_n_steps=1),
-        multi_turn=MultiTurnConfig(
-            environment=environment, max_turns=3, chat_template=CHAT_TEMPLATE, reward_placement=placement
-        ),
     )
     data = PromptDataModule(
         tokenizer_name_or_path=chat_model_dir, batch_size=2, num_train_examples=8, num_val_examples=4,

@@ -35,7 +35,7 @@ def test_observation_field_and_json_rendering_and_errors():
         OpenEnvTextEnvironment(**GUESS, observation_field="nope").reset({})
     with pytest.raises(KeyError, match="reset_fields: the dataset row has no \\['seed'\\]"):
         OpenEnvTextEnvironment(**GUESS, reset_fields=["seed"]).reset({"answer": "1"})
-    with pytest.raises(ValueError, match="model.multi_turn.environment.init_args.env"):
+    with pytest.raises(ValueError, match="model.sampling.multi_turn.environment.init_args.env"):
         OpenEnvTextEnvironment("tests.agents.openenv_guess:Nope", GUESS["action"])
 
 
@@ -59,7 +59,11 @@ def test_the_cli_reads_an_openenv_environment(tmp_path, monkeypatch):
     from lit_entropy.cli import cli_main  # noqa: PLC0415 - reason: after the module-level skip
 
     monkeypatch.chdir(tmp_path)
-    config = {"model": {"multi_turn": {"environment": {"class_path": ADAPTER, "init_args": GUESS}, "max_turns": 3}}}
+    config = {
+        "model": {
+            "sampling": {"multi_turn": {"environment": {"class_path": ADAPTER, "init_args": GUESS}, "max_turns": 3}}
+        }
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     cli = cli_main(["--config", "c.yaml", "--trainer.accelerator=cpu"], run=False)
     environments = cli.model.multi_turn.environments

@@ -19,8 +19,8 @@ from lit_entropy.assets import TINY_MODEL_DIR
 from lit_entropy.checkpointing import RunInterrupted
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, PolicyConfig
+from lit_entropy.rollout import HFRolloutEngine
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, PolicyConfig, TrainingSamplingConfig
 
 BATCHES, STOP_AFTER = 4, 2
 ENVIRONMENT = {"class_path": "lit_entropy.environments.guessing_game.GuessingGame", "init_args": {"max_turns": 4}}
@@ -67,12 +67,13 @@ def _fit(root: Path, *, ckpt_path=None, callbacks=(), rollout=None):
     model = str(TINY_MODEL_DIR.with_name("tiny-qwen2-guess"))
     module = RFTModule(
         PolicyConfig(model),
-        sampling=SamplingConfig(num_samples=8, max_new_tokens=48),
+        sampling=TrainingSamplingConfig(
+            num_samples=8, max_new_tokens=48, multi_turn=MultiTurnConfig(environment=ENVIRONMENT, max_turns=4)
+        ),
         optim=OptimConfig(lr=3e-3),
         evaluation=EvaluationConfig(num_samples=2),
         logging=LoggingConfig(export_on_train_end=False),
         rollout=rollout,
-        multi_turn=MultiTurnConfig(environment=ENVIRONMENT, max_turns=4),
     )
     data = PromptDataModule(
         tokenizer_name_or_path=model, train_dataset="lit_entropy.environments.guessing_game:train_rows",

@@ -38,7 +38,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line_naming_it
         ConversationRenderer(tokenizer, [EOS], chat_template=REWRITING_TEMPLATE if given else None)
     message = str(error.value)
     assert "\n" not in message and "rewrites earlier turns" in message
-    assert ("model.multi_turn.chat_template" if given else "my/qwen3-like") in message
+    assert ("model.sampling.multi_turn.chat_template" if given else "my/qwen3-like") in message
 
 
 def test_trainer_ids_are_the_sampled_ids_plus_the_rendered_messages_and_the_whole_conversation_rendered():

@@ -1,5 +1,5 @@
-"""``model.multi_turn.reward_placement``: a text environment's per-turn rewards on their turns' last policy tokens
-(``per_turn``) or summed on the trajectory's last token (``last_token``), against hand-computed advantages."""
+"""``model.sampling.multi_turn.reward_placement``: a text environment's per-turn rewards on their turns' last policy
+tokens (``per_turn``) or summed on the trajectory's last token (``last_token``), against hand-computed advantages."""
 
 from __future__ import annotations
 
@@ -68,5 +68,5 @@ def test_grpo_sees_the_trajectory_sum_either_way():
 
 
 def test_an_unknown_placement_is_refused_naming_the_setting():
-    with pytest.raises(ValueError, match="model.multi_turn.reward_placement"):
+    with pytest.raises(ValueError, match="model.sampling.multi_turn.reward_placement"):
         MultiTurnConfig(environment="tests.agents._agents:Guess", reward_placement="per_token")

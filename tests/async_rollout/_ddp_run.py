@@ -28,8 +28,7 @@ from lit_entropy.async_rollout import AsyncRolloutConfig
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.distributed.fsdp2 import FSDP2Strategy, full_state_dict
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig
-from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
+from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, TrainingSamplingConfig, UpdateConfig
 
 BATCHES = 5
 
@@ -60,11 +59,12 @@ def main() -> None:
     seed_everything(0)
     module = RFTModule(
         PolicyConfig(args.model),
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        sampling=TrainingSamplingConfig(
+            num_samples=4, max_new_tokens=4, async_rollout=AsyncRolloutConfig(max_staleness=1)
+        ),
         update=UpdateConfig(epochs=1, mini_batch_size=8),
         optim=OptimConfig(lr=1e-2),
         logging=LoggingConfig(export_on_train_end=False),
-        async_rollout=AsyncRolloutConfig(max_staleness=1),
     )
     module.reward_fn = digit_reward
     record = TrainedPrompts()

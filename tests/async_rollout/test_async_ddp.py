@@ -1,6 +1,6 @@
-"""``model.async_rollout`` on 2 gloo CPU ranks (DDP and FSDP2): the ranks agree on every batch's policy version,
-train their own shards' prompts, end with the same weights, and the checkpoint holds each rank's prompts in flight;
-under FSDP2 the worker samples from a plain copy holding the full weights."""
+"""``model.sampling.async_rollout`` on 2 gloo CPU ranks (DDP and FSDP2): the ranks agree on every batch's policy
+version, train their own shards' prompts, end with the same weights, and the checkpoint holds each rank's prompts in
+flight; under FSDP2 the worker samples from a plain copy holding the full weights."""
 
 from __future__ import annotations
 

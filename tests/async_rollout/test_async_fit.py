@@ -1,4 +1,4 @@
-"""``model.async_rollout`` in a fit: staleness 0 is the synchronous run, stale batches within the bound and
+"""``model.sampling.async_rollout`` in a fit: staleness 0 is the synchronous run, stale batches within the bound and
 corrected, a failing or hung worker stops the run with its own error, and a resumed run trains every prompt once."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from lit_entropy.async_rollout import AsyncRolloutConfig, RolloutWorkerError, Ro
 from lit_entropy.checkpointing import RunInterrupted
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import HFRolloutEngine, SamplingConfig
-from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, UpdateConfig
+from lit_entropy.rollout import HFRolloutEngine
+from lit_entropy.settings import LoggingConfig, OptimConfig, PolicyConfig, TrainingSamplingConfig, UpdateConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 # The tiny random-init model starts near ln V, where the policy-health check warns of uniform sampling.
@@ -50,11 +50,10 @@ class SigtermAt(Callback):
 def _module(model_dir: str, async_rollout=None, **extra) -> RFTModule:
     module = RFTModule(
         PolicyConfig(model_dir),
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=4),
+        sampling=TrainingSamplingConfig(num_samples=4, max_new_tokens=4, async_rollout=async_rollout),
         update=UpdateConfig(epochs=1, mini_batch_size=16),
         optim=OptimConfig(lr=1e-2),
         logging=LoggingConfig(export_on_train_end=False),
-        async_rollout=async_rollout,
         **extra,
     )
     module.reward_fn = digit_reward
@@ -90,7 +89,7 @@ def test_staleness_zero_reproduces_the_synchronous_default_bit_for_bit(tmp_path,
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)
     exported = {}
-    for name, extra in (("sync", []), ("async0", ["--model.async_rollout.max_staleness=0"])):
+    for name, extra in (("sync", []), ("async0", ["--model.sampling.async_rollout.max_staleness=0"])):
         cli_main([
             "fit", "--config", str(ROOT / "configs" / "grpo_tiny.yaml"), "--trainer.max_steps=3",
             "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0",

@@ -1,6 +1,6 @@
-"""``model.async_rollout`` with the vLLM engine: the engine runs in a process of its own, its weights are pushed at
-the sync points, every trained batch was sampled with the weights of the version it carries, validation samples the
-current weights, and an engine process that dies stops the run with its exit code.
+"""``model.sampling.async_rollout`` with the vLLM engine: the engine runs in a process of its own, its weights are
+pushed at the sync points, every trained batch was sampled with the weights of the version it carries, validation
+samples the current weights, and an engine process that dies stops the run with its exit code.
 
 vLLM-marked (``.ci/run`` runs them in its vLLM environment); the head_dim-64 tiny model that ships with the package.
 """
@@ -20,9 +20,9 @@ from lit_entropy.assets import default_model_path
 from lit_entropy.async_rollout import AsyncRolloutConfig, RolloutWorkerError
 from lit_entropy.data.datamodule import PromptDataModule
 from lit_entropy.module import RFTModule
-from lit_entropy.rollout import SamplingConfig, VLLMRolloutEngine
+from lit_entropy.rollout import VLLMRolloutEngine
 from lit_entropy.rollout.process import ProcessRolloutEngine, RolloutEngineProcessError
-from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, UpdateConfig
+from lit_entropy.settings import EvaluationConfig, LoggingConfig, OptimConfig, TrainingSamplingConfig, UpdateConfig
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,12 +38,15 @@ def _module(max_staleness: int) -> RFTModule:
     )
     return RFTModule(
         rollout=engine,
-        sampling=SamplingConfig(num_samples=4, max_new_tokens=6),
+        sampling=TrainingSamplingConfig(
+            num_samples=4,
+            max_new_tokens=6,
+            async_rollout=AsyncRolloutConfig(max_staleness=max_staleness, worker_timeout_s=120.0),
+        ),
         update=UpdateConfig(epochs=1, mini_batch_size=16),
         optim=OptimConfig(lr=3e-2),  # large: every version's weights differ measurably from the previous one's
         evaluation=EvaluationConfig(num_samples=2),
         logging=LoggingConfig(export_on_train_end=False),
-        async_rollout=AsyncRolloutConfig(max_staleness=max_staleness, worker_timeout_s=120.0),
     )
 
 

@@ -1,4 +1,4 @@
-"""The rollout worker thread and ``model.async_rollout``'s settings, without a Trainer."""
+"""The rollout worker thread and ``model.sampling.async_rollout``'s settings, without a Trainer."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from lit_entropy.rollout.correction import RolloutCorrectionConfig
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_staleness": -1}, "model.async_rollout.max_staleness"),
-        ({"max_inflight": 0}, "model.async_rollout.max_inflight"),
-        ({"weight_sync_steps": 0}, "model.async_rollout.weight_sync_steps"),
-        ({"worker_timeout_s": 0}, "model.async_rollout.worker_timeout_s"),
-        ({"worker_threads": 0}, "model.async_rollout.worker_threads"),
+        ({"max_staleness": -1}, "model.sampling.async_rollout.max_staleness"),
+        ({"max_inflight": 0}, "model.sampling.async_rollout.max_inflight"),
+        ({"weight_sync_steps": 0}, "model.sampling.async_rollout.weight_sync_steps"),
+        ({"worker_timeout_s": 0}, "model.sampling.async_rollout.worker_timeout_s"),
+        ({"worker_threads": 0}, "model.sampling.async_rollout.worker_threads"),
         ({"max_staleness": 1, "max_inflight": 1, "weight_sync_steps": 2}, "weight_sync_steps=2"),
         ({"max_staleness": 3, "max_inflight": 2, "weight_sync_steps": 3}, "at most 2"),
     ],
@@ -135,24 +135,26 @@ def test_a_thread_generator_belongs_to_its_thread():
 def test_an_engine_other_than_hf_generate_or_vllm_is_refused_before_training(tiny_model_dir):
     from lit_entropy.module import RFTModule
     from lit_entropy.rollout import RolloutEngine
-    from lit_entropy.settings import PolicyConfig
+    from lit_entropy.settings import PolicyConfig, TrainingSamplingConfig
 
     class CustomEngine(RolloutEngine):  # a user's own
         def generate(self, policy, input_ids, attention_mask, sampling):
             raise AssertionError("never called")
 
-    with pytest.raises(ValueError, match="model.async_rollout needs model.rollout: null .* or a VLLMRolloutEngine"):
-        RFTModule(PolicyConfig(tiny_model_dir), rollout=CustomEngine(), async_rollout=AsyncRolloutConfig())
+    sampling = TrainingSamplingConfig(async_rollout=AsyncRolloutConfig())
+    with pytest.raises(ValueError, match="async_rollout needs model.rollout: null .* or a VLLMRolloutEngine"):
+        RFTModule(PolicyConfig(tiny_model_dir), sampling=sampling, rollout=CustomEngine())
 
 
 def test_the_vllm_engine_moves_into_a_process_of_its_own_not_started_before_setup(tiny_model_dir):
     from lit_entropy.module import RFTModule
     from lit_entropy.rollout import VLLMRolloutEngine
     from lit_entropy.rollout.process import ProcessRolloutEngine
-    from lit_entropy.settings import PolicyConfig
+    from lit_entropy.settings import PolicyConfig, TrainingSamplingConfig
 
     engine = VLLMRolloutEngine(max_model_len=64)
-    module = RFTModule(PolicyConfig(tiny_model_dir), rollout=engine, async_rollout=AsyncRolloutConfig())
+    sampling = TrainingSamplingConfig(async_rollout=AsyncRolloutConfig())
+    module = RFTModule(PolicyConfig(tiny_model_dir), sampling=sampling, rollout=engine)
     assert isinstance(module.rollout_engine, ProcessRolloutEngine) and module.rollout_engine.engine is engine
     assert module.rollout_engine.pid is None and not engine.started
     assert module.rollout_engine.reports_logprobs  # the correction of stale samples needs the engine's log-probs
@@ -162,12 +164,8 @@ def test_dynamic_sampling_with_async_rollouts_is_refused_before_training(tiny_mo
     from lit_entropy.module import RFTModule
     from lit_entropy.settings import PolicyConfig, TrainingSamplingConfig
 
-    with pytest.raises(ValueError, match="model.async_rollout with model.sampling.filter_groups=true"):
-        RFTModule(
-            PolicyConfig(tiny_model_dir),
-            sampling=TrainingSamplingConfig(filter_groups=True),
-            async_rollout=AsyncRolloutConfig(),
-        )
+    with pytest.raises(ValueError, match="model.sampling.async_rollout with model.sampling.filter_groups=true"):
+        RFTModule(PolicyConfig(tiny_model_dir), sampling=TrainingSamplingConfig(filter_groups=True, async_rollout={}))
 
 
 def test_close_drops_the_batches_not_started():

@@ -107,8 +107,9 @@ def test_a_resumed_run_pushes_before_its_first_rollout_without_initial_sync():
 
 
 def test_the_module_syncs_at_the_current_step_before_generating():
-    """The synchronous step (``model.async_rollout: null``, what ``training_step`` takes its batch from) pushes the
-    policy at the module's current step, then generates with that engine: a resumed run never samples stale weights."""
+    """The synchronous step (``model.sampling.async_rollout: null``, what ``training_step`` takes its batch from)
+    pushes the policy at the module's current step, then generates with that engine: a resumed run never samples stale
+    weights."""
     from types import SimpleNamespace
 
     from lit_entropy.async_rollout.pipeline import SynchronousRollouts

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["LEGACY_MODEL_KEYS", "RENAMED_MODEL_KEYS", "carry_over_renamed_keys", "check_legacy_model_keys"]
+__all__ = [
+    "LEGACY_MODEL_KEYS",
+    "RENAMED_MODEL_KEYS",
+    "carry_over_renamed_keys",
+    "check_legacy_model_keys",
+    "moved_groups",
+]
 
 _GROUP_FIELDS = {
     "policy": ("model_name_or_path", "gradient_checkpointing", "fsdp_param_dtype", "logprob_chunk_size"),
@@ -112,3 +118,12 @@ def carry_over_renamed_keys(hparams: Mapping[str, Any]) -> dict[str, Any]:
         if value is not None and isinstance(out.setdefault("sampling", {}), dict):
             out["sampling"].setdefault(group, value)
     return out
+
+
+def moved_groups(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The groups of a checkpoint's ``model`` hyper-parameters that :func:`carry_over_renamed_keys` changes, under
+    today's names: what ``load_from_checkpoint`` must hand the module again, since Lightning passes ``__init__`` only
+    the keys it names (a group saved at the top, such as ``multi_turn`` before it moved into ``sampling``, would
+    be dropped)."""
+    moved = carry_over_renamed_keys(hparams)
+    return {name: group for name, group in moved.items() if name not in hparams or hparams[name] != group}

@@ -181,6 +181,35 @@ def test_reference_model_stays_out_of_checkpoints(tiny_model_dir, tmp_path):
     torch.testing.assert_close(restored.ref_model.state_dict(), module.ref_model.state_dict())
 
 
+def test_a_checkpoint_with_groups_saved_at_the_top_loads_them_in_their_new_place(tiny_model_dir, tmp_path):
+    """``model.async_rollout`` / ``model.multi_turn`` (until issue 33.5) and ``model.rollout_correction`` sat at the top
+    of HPARAMS; ``load_from_checkpoint`` reads them into ``model.sampling`` / ``model.loss`` (Lightning alone would
+    drop keys ``__init__`` does not name)."""
+    import copy
+
+    import lightning
+
+    from lit_entropy.settings import RolloutCorrectionConfig
+
+    sampling = {"num_samples": 2, "async_rollout": {"max_staleness": 0}}
+    correction = RolloutCorrectionConfig(level="token", upper=3.0)
+    module = RFTModule(PolicyConfig(tiny_model_dir), sampling=sampling, loss=LossConfig(rollout_correction=correction))
+    module.configure_model()
+    hparams = copy.deepcopy(dict(module.hparams))
+    hparams["async_rollout"] = hparams["sampling"].pop("async_rollout")
+    hparams["multi_turn"] = hparams["sampling"].pop("multi_turn")  # null, as every older checkpoint stored it off
+    hparams["rollout_correction"] = hparams["loss"].pop("rollout_correction")
+    path = tmp_path / "old.ckpt"
+    version = lightning.__version__
+    torch.save(
+        {"state_dict": module.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": version}, path
+    )
+    loaded = RFTModule.load_from_checkpoint(path)
+    assert loaded.settings == module.settings and loaded.settings.sampling.async_rollout.max_staleness == 0
+    assert loaded.settings.loss.rollout_correction == correction
+    assert RFTModule.load_from_checkpoint(path, loss={"kl_coef": 0.5}).settings.loss.kl_coef == 0.5  # given wins
+
+
 def test_prompts_longer_than_the_context_fail_at_setup(tiny_model_dir, tmp_path):
     module = RFTModule(PolicyConfig(tiny_model_dir), sampling=SamplingConfig(num_samples=2, max_new_tokens=60))
     data = PromptDataModule(tokenizer_name_or_path=tiny_model_dir, batch_size=2, num_train_examples=8)

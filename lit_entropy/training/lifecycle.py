@@ -8,6 +8,7 @@ the trained policy. ``RFTModule`` (:mod:`lit_entropy.module`) reads as the algor
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from lit_entropy.models.loading import check_context_length, eos_token_ids, load
 from lit_entropy.models.packaged import policy_model_path
 from lit_entropy.rollout.base import RolloutEngine
 from lit_entropy.settings import RFTSettings
+from lit_entropy.settings_legacy import moved_groups
 from lit_entropy.step.packing import check_packing_attention
 from lit_entropy.training.bundled import bundled_callbacks, missing_callbacks
 
@@ -56,6 +58,16 @@ class ModelLifecycle(LightningModule):
         self.multi_turn: MultiTurnRollout | None = None  # model.sampling.multi_turn's rollout (set by the module)
         self.export_path: str | None = None
         self._own_callbacks: list[Callback] | None = None
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, reading a checkpoint saved before a settings group moved with the
+        group in its new place (:func:`~lit_entropy.settings_legacy.moved_groups`; ``kwargs`` given win)."""
+        if isinstance(checkpoint_path, (str, os.PathLike)) and os.path.isfile(checkpoint_path):
+            saved = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)
+            for name, group in moved_groups(saved.get("hyper_parameters") or {}).items():
+                kwargs.setdefault(name, group)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def configure_model(self) -> None:
         """Load the policy (and the frozen reference / critic when configured); idempotent."""

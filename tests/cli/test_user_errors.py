@@ -352,12 +352,12 @@ def test_a_callback_setting_the_chosen_rule_ignores_is_warned_about():
 def test_a_missing_math_verify_names_the_package_to_install(monkeypatch):
     import sys
 
-    from lit_entropy import rewards
+    from lit_entropy.rewards import math_answers
 
-    rewards._math_verify_api.cache_clear()
+    math_answers._math_verify_api.cache_clear()
     monkeypatch.setitem(sys.modules, "math_verify", None)  # as if not installed
     try:
         with pytest.raises(ImportError, match=r"reward_fn='math_verify' needs the math-verify package.*pip install"):
-            rewards.math_verify_reward([r"\boxed{1}"], ["1"])
+            math_answers.math_verify_reward([r"\boxed{1}"], ["1"])
     finally:
-        rewards._math_verify_api.cache_clear()
+        math_answers._math_verify_api.cache_clear()

@@ -99,8 +99,8 @@ class ProcessRolloutEngine(RolloutEngine):
         self.connection, child = context.Pipe()
         attach = (model_name_or_path, eos_token_id, pad_token_id, seed)
         self.process = context.Process(
-            target=serve, args=(self.engine, attach, self.threads, child), name="lit-entropy-rollout-engine",
-            daemon=True,
+            target=serve, args=(self.engine, attach, self.threads, child, _this_gpu()),
+            name="lit-entropy-rollout-engine", daemon=True,
         )  # fmt: skip
         self.process.start()
         child.close()
@@ -200,10 +200,23 @@ def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
     )  # fmt: skip
 
 
-def serve(engine: Any, attach: tuple[Any, ...], threads: int | None, connection: Any) -> None:
-    """The child's main function: attach ``engine``, then answer ``(kind, key, payload)`` commands until ``stop``."""
+def _this_gpu() -> str | None:
+    """The physical id of this process's current CUDA device (what ``CUDA_VISIBLE_DEVICES`` names), None without
+    CUDA: the child's engine shares the trainer rank's GPU (colocated; ``gpu_memory_utilization`` is its share)."""
+    if not torch.cuda.is_available():
+        return None
+    current = torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[current].strip() if visible else str(current)
+
+
+def serve(engine: Any, attach: tuple[Any, ...], threads: int | None, connection: Any, gpu: str | None = None) -> None:
+    """The child's main function: attach ``engine``, then answer ``(kind, key, payload)`` commands until ``stop``.
+    ``gpu``: the only CUDA device the child sees (the trainer rank's), set before anything initialises CUDA."""
     for name in _RANK_VARIABLES:
         os.environ.pop(name, None)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: it is the engine's process
     if threads is not None:
         torch.set_num_threads(threads)

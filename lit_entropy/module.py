@@ -25,16 +25,11 @@ from lit_entropy.metrics import LossClipFractions
 from lit_entropy.models.frozen import drop_frozen_weights, restore_frozen_weights
 from lit_entropy.models.lora import adapters_disabled
 from lit_entropy.models.packaged import policy_model_path
-from lit_entropy.reporting.dashboard import (
-    DashboardRun,
-    StepReport,
-    TagPlan,
-    TrainDashboard,
-    log_samples,
-    module_tag_plan,
-)
+from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TrainDashboard
 from lit_entropy.reporting.evaluation import SampleEvaluator, dataset_classes
+from lit_entropy.reporting.samples import log_samples
 from lit_entropy.reporting.steps import trained_batches
+from lit_entropy.reporting.tag_plan import TagPlan, module_tag_plan
 from lit_entropy.rewards import resolve_reward_fn, score_rollout
 from lit_entropy.rollout import RolloutBatch, RolloutEngine, SamplingConfig, default_rollout_engine
 from lit_entropy.settings import (

@@ -14,7 +14,7 @@ _LAZY = {
     "HParamsSummary": "lit_entropy.reporting.hparams",
     "OverviewLayout": "lit_entropy.reporting.overview",
     "SampleEvaluator": "lit_entropy.reporting.evaluation",
-    "TagPlan": "lit_entropy.reporting.dashboard",
+    "TagPlan": "lit_entropy.reporting.tag_plan",
     "TrainDashboard": "lit_entropy.reporting.dashboard",
     "evaluation_tags": "lit_entropy.reporting.evaluation",
 }

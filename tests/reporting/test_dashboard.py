@@ -10,18 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lit_entropy.reporting.batch_statistics import batch_statistics
 from lit_entropy.reporting.console import ConsoleMetrics
-from lit_entropy.reporting.dashboard import (
-    DashboardRun,
-    StepReport,
-    TagPlan,
-    TrainDashboard,
-    batch_statistics,
-    informative_groups,
-    samples_markdown,
-)
+from lit_entropy.reporting.dashboard import DashboardRun, StepReport, TrainDashboard
 from lit_entropy.reporting.evaluation import SampleEvaluator
 from lit_entropy.reporting.hparams import flatten_hparams, run_label
+from lit_entropy.reporting.samples import informative_groups, samples_markdown
+from lit_entropy.reporting.tag_plan import TagPlan
 from lit_entropy.rollout import RolloutBatch
 
 ROOT = Path(__file__).resolve().parents[2]

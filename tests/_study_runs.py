@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,19 @@ def train_row(step: int, strategy: Role, execution: Role) -> dict[str, Any]:
         row |= {f"entropy_{role}": entropy, f"masked_n_{role}": masked, f"masked_neg_{role}": negative}
         row[f"tokens_{role}"] = tokens
     return row
+
+
+def sod_eval_rows(p: float) -> list[dict[str, Any]]:
+    """``eval.csv`` rows of a sum-or-difference run: two test prompts (sum, diff) at steps 0, 40, 80, 120, with
+    p(correct) 0.5 at step 0 and ``p`` at the last three."""
+    rows = []
+    for step in (0, 40, 80, 120):
+        for prompt, cls in (("1,2?", "sum"), ("5,3?", "diff")):
+            q = 0.5 if step == 0 else p
+            rows.append(
+                {"step": step, "temperature": 1.0, "prompt": prompt, "class": cls, "logp": math.log(q), "logp_R": -1.0}
+            )
+    return rows
 
 
 def write_run(

@@ -24,6 +24,17 @@ LABELS = {
     "grpo_null": "GRPO, other data order (null)",
     "clip_v": "Clip_V mu 8.5, cap 1e-4",
     "clip_v_rescaled": "Clip_V mu 8.5, cap rescaled (0.072)",
+    "clip_cov": "Clip-Cov (ratio 0.02)",
+    "kl_cov": "KL-Cov (ratio 0.02, 4 mini-batches)",
+    "grpo_mb4": "GRPO, 4 mini-batches",
+    "high_entropy": "80/20 (rho 0.2)",
+    "adaptive_entropy": "adaptive entropy bonus",
+    "stare": "STARE",
+    "entrocraft": "Entrocraft (advantage)",
+    "s2t": "STAPO's S2T",
+    "advantage_reweighting": "advantage reweighting",
+    "unlikeliness": "unlikeliness reward",
+    "repo_r": "REPO-R",
 }
 
 
@@ -43,6 +54,10 @@ class Experiment:
         bases: base model -> its directory under ``scripts/forking/experiments/``; the unit is then a (base,
             seed) pair and a run is named ``<base>__<arm>__s<seed>``. Empty: the task's one base model
             (the sum-or-difference task's ``sod/model``), units are seeds and runs are named ``<arm>__s<seed>``.
+        descriptive: (treated, control) pairs shown pooled without a verdict or correction.
+        secondary: a further family judged on pass@64 with its own Holm correction (F: each method - Clip_B).
+        per_base_verdicts: judge the comparisons per base as a corrected family (E); False: per-base differences
+            are descriptive only (F: 6 units per base, no test there could pass Holm over 12).
         rule: ``"c"``: C's verdict rule (95 % t interval, raw sign-flip p, "none" also when the interval
             excludes 0 below the floor). ``"holm"``: issue 39's rule (Holm-adjusted p and Bonferroni intervals
             over each family of comparisons, "none" only inside the floor, "small, consistent" otherwise).
@@ -56,6 +71,9 @@ class Experiment:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
     bases: dict[str, str] = field(default_factory=dict)
     rule: str = "c"
+    descriptive: tuple[tuple[str, str], ...] = ()
+    secondary: tuple[tuple[str, str], ...] = ()
+    per_base_verdicts: bool = True
 
     @property
     def planned_runs(self) -> int:

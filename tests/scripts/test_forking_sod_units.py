@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from _scripts import load_script
-from _study_runs import train_row, write_run
+from _study_runs import sod_eval_rows, train_row, write_run
 
 from scripts.studies.results import run_names
 
@@ -66,15 +66,8 @@ def test_issue_39_verdict_rule():
 def _fake_run(exp: Path, base: str, arm: str, seed: int, p: float, masked: int = 0, rev: str = "abc1234") -> None:
     """Two test prompts (sum, diff) at steps 0, 40, 80, 120 with p(correct) = p at the last three; 60 steps
     with ``masked`` strategy tokens masked at steps 1-50 and none later."""
-    rows = []
-    for step in (0, 40, 80, 120):
-        for prompt, cls in (("1,2?", "sum"), ("5,3?", "diff")):
-            q = 0.5 if step == 0 else p
-            rows.append(
-                {"step": step, "temperature": 1.0, "prompt": prompt, "class": cls, "logp": math.log(q), "logp_R": -1.0}
-            )
     train = [train_row(s, (0.1, masked if s <= 50 else 0, 0.0, 128), (0.1, 0, 0.0, 128)) for s in range(1, 61)]
-    write_run(exp, f"{base}__{arm}__s{seed}", rows, train, rev, seconds=120.0)
+    write_run(exp, f"{base}__{arm}__s{seed}", sod_eval_rows(p), train, rev, seconds=120.0)
 
 
 def test_units_analysis_on_hand_made_runs(tmp_path):

@@ -21,6 +21,9 @@ calibration). ``--experiment sod_clipv`` (``experiments/sod_clipv/PREREGISTRATIO
 (mu 8.5, cap 1e-4), ``clip_v_rescaled`` (mu 8.5, cap 0.072) and ``clip_b``, run under their own commit.
 ``--experiment sod_robust`` (issue 39, experiment E): ``grpo`` and Clip_B at mu 2.5 / 2.0 / 3.0 on three base
 models (C's and two more SFT seeds); its runs are named ``<base>__<arm>__s<seed>`` and run unit by unit.
+``--experiment sod_methods`` (issue 39, experiment F): fourteen methods at their papers' defaults on sod-s0 and
+sod-s1; ``--steps`` counts rollout batches (a mini-batched arm takes 4 optimizer steps per batch) and ``train.csv``
+records what each method acted on.
 Experiments, arms and bases are defined in ``scripts/studies/sod/design.py``.
 """
 
@@ -34,6 +37,8 @@ from typing import Any
 
 import torch
 
+from lit_entropy.settings import UpdateConfig
+from lit_entropy.step.schedule import updates_per_batch
 from scripts.studies import runner
 from scripts.studies.controls import ReplayedCountMasking, RoleRecorder, read_counts
 from scripts.studies.results import run_rows
@@ -105,6 +110,24 @@ def cli_args(
     ]
 
 
+def updates_per_rollout_batch(overlay: str) -> int:
+    """Optimizer steps per rollout batch of a run with method overlay ``overlay`` (``base.yaml`` + ``sod.yaml`` +
+    it, later files winning): epochs x mini-batches of the data's prompts x samples (4 for F's ``kl_cov`` and
+    ``grpo_mb4``, 1 for every other arm). ``train_one`` checks it against the configured module."""
+    import yaml  # reason: only the runner reads the overlays
+
+    prompts = samples = 0
+    update: dict[str, Any] = {}
+    for name in ("base.yaml", "sod.yaml", overlay):
+        config = yaml.safe_load((CONFIGS / name).read_text()) or {}
+        model = config.get("model") or {}
+        prompts = (config.get("data") or {}).get("batch_size", prompts)
+        samples = (model.get("sampling") or {}).get("num_samples", samples)
+        update.update(model.get("update") or {})
+    config = UpdateConfig(epochs=update.get("epochs", 1), mini_batch_size=update.get("mini_batch_size"))
+    return updates_per_batch(int(prompts) * int(samples), config)
+
+
 def test_rows() -> list[dict[str, str]]:
     path = EXP / "data" / "test.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -168,21 +191,29 @@ def train_one(
     run_dir = exp / "per_run" / name
     # Named by experiment too: two experiments' runs of one arm and seed may go side by side.
     scratch = Path(os.environ.get("FORKING_SCRATCH", "/tmp/forking_sod")) / f"{exp.name}__{name}"
-    cli = cli_main(args=cli_args(arm, seed, steps, scratch, design.arms, model_dir(design, base)), run=False)
+    # ``steps`` counts rollout batches; trainer.max_steps counts optimizer steps (4 per batch for a mini-batched arm).
+    updates = updates_per_rollout_batch(design.arms[arm])
+    args = cli_args(arm, seed, steps * updates, scratch, design.arms, model_dir(design, base))
+    cli = cli_main(args=args, run=False)
+    rows = cli.datamodule.prompts_per_step() * cli.model.group_size()
+    configured = updates_per_batch(rows, cli.model.settings.update)
+    if configured != updates:
+        raise RuntimeError(f"{arm}: the overlays give {updates} updates per rollout batch, the module {configured}")
     eval_rows: list[dict[str, Any]] = []
 
-    def on_step(step: int, pl_module: Any) -> None:
-        if step % eval_every == 0 or step == steps:
-            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, step))
+    def on_step(batch: int, pl_module: Any) -> None:  # batch: rollout batches trained so far
+        if batch % eval_every == 0 or batch == steps:
+            eval_rows.extend(evaluate(pl_module.policy, pl_module.tokenizer, batch))
 
-    recorder = RoleRecorder(on_step)
+    # Experiment F records what each method acts on; C's and E's train.csv keep their columns.
+    recorder = RoleRecorder(on_step, updates_per_batch=updates, acted_on=design is EXPERIMENTS.get("sod_methods"))
     cli.trainer.callbacks.append(recorder)
     replay = None
     if arm.startswith("replay"):
         counts = read_counts(run_rows(exp, run_name("clip_b", seed, base), "train"))  # its Clip_B run first
         replay = ReplayedCountMasking(counts, by_role=arm == "replay_role", seed=seed)
         cli.trainer.callbacks.append(replay)
-    fit_and_record(cli, recorder, eval_rows, replay, run_dir, steps, code_revision())
+    fit_and_record(cli, recorder, eval_rows, replay, run_dir, steps, code_revision(), updates)
 
 
 #: Experiment E's validity rule for a base model before RL (``experiments/sod_robust/PREREGISTRATION.md``).
@@ -272,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", default=None, help="default: every arm of the experiment")
     p.add_argument("--seeds", default=None, help="default: the experiment's (0-7)")
     p.add_argument("--bases", default=None, help="default: the experiment's base models (experiments with several)")
-    p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    p.add_argument("--steps", type=int, default=STEPS, help="rollout batches per run")
+    p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="evaluate every this many rollout batches")
     p.add_argument("--validate", action="store_true", help="step-0 metrics of the base models and the validity rule")
     args = p.parse_args(argv)
     design = EXPERIMENTS[args.experiment]

@@ -9,8 +9,12 @@ one (``<exp>/docs_block.md``: status, rule, pooled verdicts, arm table) into ``d
     python -m scripts.studies.sod --experiment sod_robust --analyze --update-readme
 
 Families, each corrected by Holm with Bonferroni intervals (``scripts/studies/sod/multiplicity.py``): the primary one
-(the design's comparisons on pass@64 pooled over the units where every arm finished), the same on avg@64, and one
-per base on pass@64. Until every unit is complete the block says it is provisional.
+(the design's comparisons on pass@64 pooled over the units where every arm finished), the same on avg@64, the
+design's secondary family on pass@64 (experiment F: each method - Clip_B) and, where the design judges them, one
+per base on pass@64 (otherwise the per-base differences are descriptive). Until every unit is complete the block
+says it is provisional; with no run yet it says so (n = 0).
+
+    python -m scripts.studies.sod --experiment sod_methods --analyze --update-readme   # experiment F likewise
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ C_RUNS = ROOT / "scripts" / "forking" / "experiments" / "sod"
 EARLY_STEPS = 50
 Key = tuple[str, str, int]  # (base, arm, seed)
 Unit = tuple[str, int]  # (base, seed)
+ROLES = ("strategy", "exec")  # token roles of train.csv (scripts/studies/controls.py, which loads torch)
 
 
 def run_row(run: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +52,13 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
     early = [r for r in run["train"] if int(r["step"]) <= EARLY_STEPS]
     row["masked_strategy_early"] = fmean(int(r["masked_n_strategy"]) for r in early)
     row["steps_masking_strategy"] = fmean(int(r["masked_n_strategy"]) > 0 for r in run["train"])
+    if "acted_n_strategy" in run["train"][0]:  # experiment F: what the method acted on, per rollout batch
+        for role in ROLES:
+            row[f"acted_per_step_{role}"] = fmean(int(r[f"acted_n_{role}"]) for r in run["train"])
+            row[f"acted_early_{role}"] = fmean(int(r[f"acted_n_{role}"]) for r in early)
+            row[f"acted_share_{role}"] = fmean(
+                int(r[f"acted_n_{role}"]) / max(int(r[f"tokens_{role}"]), 1) for r in run["train"]
+            )
     row["seconds"] = run["done"]["seconds"]
     return row
 
@@ -81,15 +93,21 @@ def _test(table: dict[Key, dict[str, Any]], treated: str, control: str, units: l
 
 
 def family(
-    name: str, table: dict[Key, dict[str, Any]], pairs: tuple[tuple[str, str], ...], units: list[Unit], metric: str
+    name: str,
+    table: dict[Key, dict[str, Any]],
+    pairs: tuple[tuple[str, str], ...],
+    units: list[Unit],
+    metric: str,
+    kind: str = "secondary",
 ) -> dict[str, Any]:
-    """One family of comparisons on the same units: Holm over its p-values, Bonferroni intervals, verdicts."""
+    """One family of comparisons on the same units: Holm over its p-values, Bonferroni intervals, verdicts
+    (``kind``: primary or secondary, as the block names it)."""
     m = len(pairs)
     tests = [_test(table, t, c, units, metric, m) for t, c in pairs]
     for test, p_holm in zip(tests, holm([t["p_sign_flip"] for t in tests]), strict=True):
         test["p_holm"] = p_holm
         test["verdict"] = corrected_verdict(test["low"], test["high"], test["mean"], p_holm, DELTA)
-    return {"name": name, "metric": metric, "m": m, "n": len(units), "tests": tests}
+    return {"name": name, "kind": kind, "metric": metric, "m": m, "n": len(units), "tests": tests}
 
 
 def _values(rows: list[dict[str, str]]) -> list[list[float | str]]:
@@ -124,20 +142,20 @@ def analyze_units(exp: Path, design: Experiment, experiment: str, update_readme:
     table = {key: run_row(run) for key, run in runs.items()}
     bases, arms = tuple(design.bases), tuple(design.arms)
     units = complete_units(table, arms, bases)
-    families = []
+    families, descriptive = [], []
     if len(units) >= 2:
-        families.append(family("pooled", table, design.comparisons, units, "pass@64"))
+        families.append(family("pooled", table, design.comparisons, units, "pass@64", "primary"))
         families.append(family("pooled", table, design.comparisons, units, "avg@64"))
+        if design.secondary:
+            families.append(family("pooled", table, design.secondary, units, "pass@64"))
+        # Descriptive only (no verdict, no correction): E's other mu against C's 2.5, F's grpo_mb4 - grpo.
+        descriptive += [_test(table, t, c, units, "pass@64", 1) for t, c in design.descriptive]
     for base in bases:
         own = [u for u in units if u[0] == base]
-        if len(own) >= 2:
+        if len(own) >= 2 and design.per_base_verdicts:
             families.append(family(base, table, design.comparisons, own, "pass@64"))
-    # Descriptive only: each other mu against C's 2.5, pooled (no verdict, no correction).
-    descriptive = []
-    if len(units) >= 2:
-        for arm in arms:
-            if arm.startswith("clip_b_"):
-                descriptive.append(_test(table, arm, "clip_b", units, "pass@64", 1))
+        elif len(own) >= 2:
+            descriptive += [{**_test(table, t, c, own, "pass@64", 1), "base": base} for t, c in design.comparisons]
     means: dict[str, dict[str, Any]] = {}
     for base in bases:
         for arm in arms:
@@ -191,9 +209,16 @@ def _label(test: dict[str, Any]) -> str:
 
 def rule_text(design: Experiment) -> str:
     m = len(design.comparisons)
+    families = (
+        f"each family of {m} comparisons (the three mu); each interval is the family's Bonferroni interval "
+        f"({family_level(m):.2%} here)"
+        if not design.secondary
+        else f"each family (primary and avg@64: the {m} comparisons with GRPO, m = {m}; each method - Clip_B, "
+        f"m = {len(design.secondary)}); each interval is the family's Bonferroni interval ({family_level(m):.2%} / "
+        f"{family_level(len(design.secondary)):.2%})"
+    )
     return (
-        f"Holm over each family of {m} comparisons (the three mu); each interval is the family's Bonferroni "
-        f"interval ({family_level(m):.2%} here), p the Holm-adjusted exact sign-flip p. better/worse: the interval "
+        f"Holm over {families}, p the Holm-adjusted exact sign-flip p. better/worse: the interval "
         f"excludes 0, |mean| >= {DELTA} and p < 0.05; none: the interval lies inside +-{DELTA}; small, consistent: "
         f"the interval excludes 0 and p < 0.05 but |mean| < {DELTA} and the interval reaches beyond +-{DELTA}; "
         "otherwise inconclusive"
@@ -241,8 +266,46 @@ def arm_table(summary: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
+def methods_arm_table(summary: dict[str, Any]) -> str:
+    """Experiment F's arm table: endpoints, entropies and the tokens each method acted on (masked, penalised or
+    reweighted: ``acted_n_<role>`` of ``train.csv``) per rollout batch, by role."""
+    header = (
+        "| base | arm | seeds | pass@64 | avg@64 | pass@64 diff prompts | P(R) on diff prompts | entropy strategy / "
+        f"exec (last quarter, nats) | acted-on tokens per batch strategy / exec (run) | (batches 1-{EARLY_STEPS}) | "
+        "acted-on share strategy / exec |"
+    )
+
+    def base_rows(base: str, b0: dict[str, Any]) -> list[str]:
+        return [
+            f"| {base} | base model (step 0) | - | {b0['pass@64']:.3f} | {b0['avg@64']:.3f} | "
+            f"{b0['pass@64_diff']:.3f} | {b0['p_R_diff']:.3f} | | | | |"
+        ]
+
+    def arm_row(m: dict[str, Any]) -> str:
+        acted = [m.get(f"acted_{k}_{r}", float("nan")) for k in ("per_step", "early", "share") for r in ROLES]
+        return (
+            f"| {m['base']} | {LABELS[m['arm']]} | {m['n']} | {m['pass@64']:.3f} | {m['avg@64']:.3f} | "
+            f"{m['pass@64_diff']:.3f} | {m['p_R_diff']:.3f} | {m['entropy_strategy_last_quarter']:.3f} / "
+            f"{m['entropy_exec_last_quarter']:.3f} | {acted[0]:.1f} / {acted[1]:.1f} | {acted[2]:.1f} / "
+            f"{acted[3]:.1f} | {acted[4]:.1%} / {acted[5]:.1%} |"
+        )
+
+    floor = f"| all | always L, arithmetic right (floor) | - | {always_sum_share('test'):.3f} | | | 0 | | | | |"
+    return markdown_table(header, [floor, *per_base_rows(summary, base_rows, arm_row)])
+
+
+def _arm_table(summary: dict[str, Any], design: Experiment) -> str:
+    return methods_arm_table(summary) if design.secondary else arm_table(summary)
+
+
 def _header(summary: dict[str, Any]) -> str:
     minutes, exp = summary["run_minutes_total"], summary["directory"]
+    if not summary["finished_runs"]:
+        return (
+            f"_Generated by `python -m scripts.studies.sod --experiment {summary['experiment']} --analyze "
+            f"--update-readme`: no committed run in `scripts/forking/experiments/{exp}/` yet; pre-registered in "
+            f"`experiments/{exp}/PREREGISTRATION.md`._\n\n"
+        )
     return (
         f"_Generated by `python -m scripts.studies.sod --experiment {summary['experiment']} --analyze "
         f"--update-readme` from the {summary['finished_runs']} committed runs in "
@@ -269,10 +332,9 @@ def _pooled_lines(summary: dict[str, Any]) -> list[str]:
     for fam in summary["families"]:
         if fam["name"] != "pooled":
             continue
-        kind = "primary" if fam["metric"] == "pass@64" else "secondary"
         for t in fam["tests"]:
             lines.append(
-                f"- {kind}, pooled: **{_label(t)}** {t['metric']} (n = {fam['n']}): **{t['verdict']}** "
+                f"- {fam['kind']}, pooled: **{_label(t)}** {t['metric']} (n = {fam['n']}): **{t['verdict']}** "
                 f"({_f(t['mean'])}, {t['level']:.2%} [{_f(t['low'])}, {_f(t['high'])}], 95 % [{_f(t['low95'])}, "
                 f"{_f(t['high95'])}], p = {t['p_sign_flip']:.4f}, Holm p = {t['p_holm']:.4f}, "
                 f"{t['positive']}/{fam['n']} units > 0)"
@@ -280,29 +342,41 @@ def _pooled_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _no_runs(summary: dict[str, Any], design: Experiment) -> str:
+    """The block before the first run: provisional, n = 0, and the rule that will judge the runs."""
+    return (
+        _header(summary) + f"{_status(summary, design)}\n\nRule: {rule_text(design)}.\n\nNo verdict yet: n = 0 units.\n"
+    )
+
+
+def _paper(design: Experiment) -> str:
+    # F's papers' headline results are not quoted yet (the pre-registration: "not quoted" until checked).
+    return "papers' own headline results: not quoted yet" if design.secondary else PAPER
+
+
 def docs_block(summary: dict[str, Any], design: Experiment) -> str:
     """The short block of docs/study.md: status, rule, pooled verdicts, arm table."""
     if not summary["per_run"]:
-        return "(no runs analysed yet)\n"
+        return _no_runs(summary, design)
     return (
         _header(summary)
         + f"{_status(summary, design)}\n\nRule: {rule_text(design)}.\n\n"
-        + "\n".join([*_pooled_lines(summary), f"- {PAPER}"])
+        + "\n".join([*_pooled_lines(summary), f"- {_paper(design)}"])
         + "\n\n"
-        + arm_table(summary)
+        + _arm_table(summary, design)
         + "\nPer-base families, per-unit differences and the replication check: `scripts/forking/README.md`.\n"
     )
 
 
 def readme_block(summary: dict[str, Any], design: Experiment) -> str:
-    """The generated README block; ``(no runs analysed yet)`` before the first run finishes."""
+    """The generated README block; before the first run finishes, the status (n = 0) and the rule."""
     if not summary["per_run"]:
-        return "(no runs analysed yet)\n"
+        return _no_runs(summary, design)
     lines = _pooled_lines(summary)
     for t in summary["descriptive"]:
         lines.append(
-            f"- descriptive, pooled (no verdict): {_label(t)} pass@64 {_f(t['mean'])} (95 % [{_f(t['low95'])}, "
-            f"{_f(t['high95'])}], n = {len(t['units'])})"
+            f"- descriptive, {t.get('base', 'pooled')} (no verdict): {_label(t)} pass@64 {_f(t['mean'])} "
+            f"(95 % [{_f(t['low95'])}, {_f(t['high95'])}], n = {len(t['units'])})"
         )
     rep = summary["replication"]
     if rep["checked"]:
@@ -319,9 +393,9 @@ def readme_block(summary: dict[str, Any], design: Experiment) -> str:
     return (
         _header(summary)
         + f"{_status(summary, design)}\n\nRule: {rule_text(design)}.\n\n"
-        + "\n".join([*lines, f"- {PAPER}"])
+        + "\n".join([*lines, f"- {_paper(design)}"])
         + "\n\n"
-        + arm_table(summary)
+        + _arm_table(summary, design)
         + "\n"
         + family_table(summary)
         + ("\nPer-unit pass@64 differences:\n\n" + "\n".join(diffs) + "\n" if diffs else "")
